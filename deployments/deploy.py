@@ -1,0 +1,42 @@
+"""Register every deployment through Prefect's deployment API (what ``insitu deploy`` runs).
+
+``retrain/coordinator`` on the coordinator pool, and ``site-prepare|site-train|site-evaluate/<site>``
+on each site's pool. Code is pulled from this checkout's directory (``set_working_directory``), which
+is right for process workers on the same machine; for Kubernetes pools point ``source`` at a git
+repository or bake an image (see README, "Real infrastructure").
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from prefect import Flow
+
+from insitu.config import SitesConfig
+
+log = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parent.parent
+SITE_FLOWS = {
+    "site-prepare": "flows/site.py:site_prepare",
+    "site-train": "flows/site.py:site_train",
+    "site-evaluate": "flows/site.py:site_evaluate",
+}
+
+
+def deploy_all(sites: SitesConfig, source: Path = REPO) -> list[str]:
+    """Create or update every deployment; returns their names (``flow/deployment``)."""
+    names = []
+    for flow_name, entrypoint in SITE_FLOWS.items():
+        f = Flow.from_source(source=str(source), entrypoint=entrypoint)
+        for s in sites.sites:
+            f.to_deployment(name=s.name, work_pool_name=s.work_pool, tags=["insitu", f"site:{s.name}"],
+                            description=f"{flow_name} on site {s.name}'s own pool").apply()
+            names.append(f"{flow_name}/{s.name}")
+    f = Flow.from_source(source=str(source), entrypoint="flows/retrain.py:retrain")
+    f.to_deployment(name="coordinator", work_pool_name=sites.coordinator.work_pool, tags=["insitu", "coordinator"],
+                    description="Federated retraining across all sites: plan, prepare, train, evaluate, register.",
+                    ).apply()
+    names.append("retrain/coordinator")
+    log.info("deployed %s", names)
+    return names

@@ -1,0 +1,128 @@
+"""``retrain``: the coordinator's story of one federated job.
+
+plan → prepare on every site's pool → federated rounds → evaluate on every site → register.
+The coordinator sees aggregate statistics, model weights and metrics; never a row.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
+from pydantic import BaseModel, Field
+
+from insitu.config import load_conf
+from insitu.federated.exchange import Exchange
+from insitu.governance.audit import AuditLog
+from insitu.metrics import weighted_global
+from insitu.storage import store_from_env
+from insitu.summary import job_summary, summary_markdown
+from tasks.dispatch import failed, run_states, start_site_runs, wait_for_runs
+from tasks.federation import aggregate_round, publish_global_stats, publish_initial_weights
+from tasks.registry import log_round, register_model, start_runs
+from tasks.train import round_name
+
+
+class RetrainParams(BaseModel):
+    """What a user may set when triggering ``retrain`` (shown as a form in the Prefect UI)."""
+
+    training: str = Field("fraud", description="training config: a name in conf/training/ or a path")
+    dataset: str = Field("fraud", description="dataset in conf/datasets.yaml")
+    job_id: str | None = Field(None, description="reuse to resume a job; empty for a new one")
+    rounds: int | None = Field(None, ge=1, le=1000, description="override the config's rounds")
+    local_epochs: int | None = Field(None, ge=1, le=100, description="override the config's local epochs")
+    batch_size: int | None = Field(None, ge=1, le=1_000_000, description="override the config's batch size")
+    phase_timeout_s: float = Field(1800, gt=0, description="give up on a phase after this long")
+
+
+@flow(name="retrain", log_prints=False)
+def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa: B008 (Prefect builds the form)
+    logger = get_run_logger()
+    started = datetime.now(UTC)
+    job_id = params.job_id or f"{started:%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+    overrides = {k: v for k, v in {"rounds": params.rounds, "local_epochs": params.local_epochs,
+                                    "batch_size": params.batch_size}.items() if v is not None}
+    conf = load_conf(params.training, params.dataset, overrides=overrides or None)
+    t = conf.training
+    audit = AuditLog.from_env("coordinator")
+    ex = Exchange(store_from_env(conf.sites.exchange, "exchange"), job_id, writer="coordinator")
+    fr_id = flow_run.get_id()
+
+    # ---- plan: each shard goes only to the pool of the site it is pinned to
+    plan = {s: [sh.id for sh in conf.dataset.shards_of(s)] for s in conf.sites.names}
+    plan = {s: ids for s, ids in plan.items() if ids}
+    ex.put_json("plan", "plan.json", {"job_id": job_id, "dataset": conf.dataset_name, "shards": plan,
+                                      "config_hash": conf.config_hash(), "training": t.model_dump(mode="json")})
+    audit.append("job.planned", job_id=job_id, flow_run_id=fr_id, shards=plan, config_hash=conf.config_hash())
+    create_markdown_artifact(
+        key="retrain-plan",
+        markdown="## Plan for job `" + job_id + "`\n\n| site | pool | shards |\n|---|---|---|\n" + "\n".join(
+            f"| {s} | {conf.sites.site(s).work_pool} | {', '.join(ids)} |" for s, ids in plan.items()),
+        description=f"insitu plan {job_id}",
+    )
+    common = {"job_id": job_id, "dataset": conf.dataset_name, "training": params.training,
+              "overrides": overrides or None}
+
+    # ---- prepare, in parallel on every site's pool
+    ids = start_site_runs("site-prepare", {s: {**common, "shards": shards} for s, shards in plan.items()})
+    runs = wait_for_runs(ids, params.phase_timeout_s)
+    bad = failed(runs)
+    sites = [s for s in plan if s not in bad]
+    _check_quorum("prepare", sites, bad, t.federation.min_sites, audit, job_id)
+    stats = publish_global_stats(ex, conf, sites)
+    publish_initial_weights(ex, conf, stats["norm"])
+    mlruns = start_runs(conf, job_id, sites, fr_id)
+
+    # ---- train: one long-lived site-train run per site; rounds exchange through the exchange
+    ids = start_site_runs("site-train", {s: common for s in sites})
+
+    def alive(site: str) -> bool:
+        st = run_states({site: ids[site]})[site].state
+        return not (st and st.is_final())
+
+    rounds = []
+    for rnd in range(t.rounds):
+        result = aggregate_round(ex, rnd, sites, t.federation.min_sites, t.federation.round_deadline_s, alive)
+        log_round(mlruns, rnd, result)
+        rounds.append(result)
+    runs = wait_for_runs(ids, params.phase_timeout_s)
+    bad = failed(runs)
+    for s, why in bad.items():
+        logger.warning("site-train on %s did not complete: %s", s, why)
+    final = round_name(t.rounds)
+
+    # ---- evaluate the final global model on every site's own test split
+    ids = start_site_runs("site-evaluate", {s: {**common, "weights": [final]} for s in sites})
+    runs = wait_for_runs(ids, params.phase_timeout_s)
+    bad = failed(runs)
+    eval_sites = [s for s in sites if s not in bad]
+    _check_quorum("evaluate", eval_sites, bad, t.federation.min_sites, audit, job_id)
+    site_metrics = {s: ex.get_json("metrics", "evaluate.json", writer=s)["models"][final] for s in eval_sites}
+    global_metrics = weighted_global(site_metrics)
+
+    # ---- register
+    state, _ = ex.get_state("weights", final, writer="coordinator")
+    reg = register_model(conf, job_id, mlruns, state, stats["norm"], site_metrics, global_metrics, sites)
+    audit.append("model.registered", job_id=job_id, flow_run_id=fr_id, **reg)
+
+    summary = job_summary(job_id, conf, stats["per_site"], rounds, site_metrics, global_metrics, reg, ex.ledger(),
+                          started)
+    ex.put_json("summary", "summary.json", summary)
+    create_markdown_artifact(key="retrain-summary", markdown=summary_markdown(summary),
+                             description=f"insitu job {job_id}")
+    logger.info("job %s done: %s v%s, global PR-AUC %.4f", job_id, reg["model_name"], reg["version"],
+                global_metrics.get("pr_auc", float("nan")))
+    return summary
+
+
+def _check_quorum(phase: str, ok: list[str], bad: dict[str, str], min_sites: int, audit: AuditLog,
+                  job_id: str) -> None:
+    if len(ok) >= min_sites:
+        return
+    audit.append("job.failed", job_id=job_id, phase=phase, failed_sites=bad)
+    detail = "; ".join(f"{s}: {why}" for s, why in bad.items())
+    raise RuntimeError(f"{phase}: only {len(ok)} site(s) succeeded ({ok}) < min_sites={min_sites}. Failed: {detail}")

@@ -1,0 +1,80 @@
+"""The site guard: a site reads only shards pinned to it, whatever the coordinator asks.
+
+The site's identity comes from its own worker's environment (``INSITU_SITE``), and the pinning from
+the site's own copy of ``conf/datasets.yaml``; neither is taken from the request. Every refusal is
+audited with who asked, what, and which rule refused it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from insitu.config import DatasetConfig, ShardConfig
+from insitu.governance.audit import AuditLog
+
+RULE_PINNED = "residency.shard-pinned-to-site"
+RULE_UNKNOWN = "residency.shard-declared"
+
+
+class ResidencyError(PermissionError):
+    """A request would read data that is not pinned to this site."""
+
+
+def site_identity(env: dict[str, str] | None = None) -> str:
+    """This process's site, from its own worker's environment."""
+    env = dict(os.environ) if env is None else env
+    site = env.get("INSITU_SITE")
+    if not site:
+        raise ResidencyError(
+            "INSITU_SITE is not set: this process is not a site worker, so it may not read site data"
+        )
+    return site
+
+
+def admit_shards(
+    site: str,
+    requested: Sequence[str] | None,
+    dataset_name: str,
+    dataset: DatasetConfig,
+    audit: AuditLog,
+    requested_by: str,
+    job_id: str,
+    flow_run_id: str | None,
+) -> list[ShardConfig]:
+    """Shards this site may read for the request; ``None`` means all shards pinned here.
+
+    Raises
+    ------
+    ResidencyError
+        On the first shard that is unknown or pinned to another site; the refusal is audited.
+    """
+    if requested is None:
+        return dataset.shards_of(site)
+    admitted = []
+    for shard_id in requested:
+        try:
+            shard = dataset.shard(shard_id)
+        except KeyError:
+            shard = None
+        if shard is None or shard.site != site:
+            rule = RULE_UNKNOWN if shard is None else RULE_PINNED
+            where = "is not declared in conf/datasets.yaml" if shard is None else f"is pinned to site {shard.site!r}"
+            msg = (
+                f"site {site!r} refuses to read shard {shard_id!r} of dataset {dataset_name!r} for "
+                f"{requested_by!r} (job {job_id}): the shard {where}; rule {rule}"
+            )
+            audit.append(
+                "residency.refused",
+                shard=shard_id,
+                dataset=dataset_name,
+                requested_by=requested_by,
+                job_id=job_id,
+                flow_run_id=flow_run_id,
+                rule=rule,
+                pinned_to=shard.site if shard else None,
+                reason=msg,
+            )
+            raise ResidencyError(msg)
+        admitted.append(shard)
+    return admitted

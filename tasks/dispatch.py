@@ -1,0 +1,54 @@
+"""Start site flow runs on their own pools and wait for them, as the coordinator."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+from prefect import get_run_logger
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import FlowRun
+from prefect.deployments import run_deployment
+
+
+def start_site_runs(flow_name: str, params: dict[str, dict[str, Any]]) -> dict[str, UUID]:
+    """``run_deployment("<flow>/<site>")`` for each site without waiting; returns the flow run ids."""
+    logger = get_run_logger()
+    ids: dict[str, UUID] = {}
+    for site, p in params.items():
+        fr: FlowRun = run_deployment(f"{flow_name}/{site}", parameters=p, timeout=0, as_subflow=True,
+                                     flow_run_name=f"{flow_name}-{site}-{p.get('job_id', '')}")
+        ids[site] = fr.id
+        logger.info("started %s/%s as flow run %s", flow_name, site, fr.id)
+    return ids
+
+
+def run_states(ids: dict[str, UUID]) -> dict[str, FlowRun]:
+    with get_client(sync_client=True) as client:
+        return {site: client.read_flow_run(i) for site, i in ids.items()}
+
+
+def wait_for_runs(
+    ids: dict[str, UUID], timeout: float, poll: float = 1.0, on_poll: Callable[[dict[str, FlowRun]], None] | None = None
+) -> dict[str, FlowRun]:
+    """Poll until every run is final or ``timeout`` passes; returns the last seen runs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        runs = run_states(ids)
+        if on_poll:
+            on_poll(runs)
+        if all(r.state and r.state.is_final() for r in runs.values()) or time.monotonic() > deadline:
+            return runs
+        time.sleep(poll)
+
+
+def failed(runs: dict[str, FlowRun]) -> dict[str, str]:
+    """Sites whose run did not complete, with the state's message."""
+    out = {}
+    for site, r in runs.items():
+        if not (r.state and r.state.is_completed()):
+            name = r.state.name if r.state else "UNKNOWN"
+            out[site] = f"{name}: {r.state.message if r.state else ''}".strip()
+    return out

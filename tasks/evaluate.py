@@ -1,0 +1,34 @@
+"""Score a model from the exchange on the site's own test split; publish the metrics only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from prefect import task
+from torch import nn
+
+from insitu.metrics import binary_metrics
+from insitu.models.fraud_mlp import build_model
+from tasks.context import SiteContext
+
+
+def score(model: nn.Module, x: np.ndarray, y: np.ndarray, pos_weight: float) -> dict[str, float]:
+    model.eval()
+    with torch.no_grad():
+        logits = model(torch.from_numpy(x))
+        loss = nn.functional.binary_cross_entropy_with_logits(
+            logits, torch.from_numpy(y), pos_weight=torch.tensor(pos_weight)
+        )
+    return binary_metrics(y, torch.sigmoid(logits).numpy(), float(loss))
+
+
+@task(retries=1, task_run_name="evaluate-{ctx.site}-{name}")
+def evaluate_weights(
+    ctx: SiteContext, name: str, x: np.ndarray, y: np.ndarray, n_features: int, pos_weight: float
+) -> dict[str, Any]:
+    state, _ = ctx.exchange.get_state("weights", name, writer="coordinator")
+    model = build_model(ctx.conf.training.model, n_features)
+    model.load_state_dict(state)
+    return score(model, x, y, pos_weight)

@@ -1,0 +1,50 @@
+"""Prepare a site's shards on the site's own Dask cluster."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from typing import Any
+
+from distributed import Client
+from prefect import get_run_logger, task
+
+from insitu.config import ShardConfig
+from insitu.data.prepare import ShardReport, prepare_shard, summarize
+from tasks.context import SiteContext
+
+
+@task(retries=1, retry_delay_seconds=5, task_run_name="prepare-{ctx.site}")
+def prepare_shards(ctx: SiteContext, shards: list[ShardConfig], job_id: str) -> dict[str, Any]:
+    """One Dask task per shard on the site's scheduler; returns the site's aggregate summary."""
+    logger = get_run_logger()
+    address = os.environ.get(ctx.conf.sites.site(ctx.site).dask.scheduler_env)
+    if not address:
+        env = ctx.conf.sites.site(ctx.site).dask.scheduler_env
+        raise RuntimeError(f"{env} is not set: this worker has no Dask cluster for site {ctx.site}")
+    t = ctx.conf.training
+    schema = ctx.conf.dataset.schema_
+    with Client(address, timeout=30) as client:
+        futures = [
+            client.submit(prepare_shard, ctx.store, s, schema, t.split, t.seed, ctx.conf.dataset_name, job_id,
+                          pure=False, key=f"prepare-{job_id}-{s.id}")
+            for s in shards
+        ]
+        reports: list[ShardReport] = client.gather(futures)
+    raw_bytes = 0
+    for s, r in zip(shards, reports, strict=True):
+        try:
+            raw_bytes += int(ctx.store.fs.size(ctx.store.path(s.path)))
+        except FileNotFoundError:
+            pass
+        ctx.audit.append("data.read", shard=s.id, path=ctx.store.full_url(s.path), job_id=job_id,
+                         flow_run_id=ctx.flow_run_id, rows=r.rows_read, quarantined=r.rows_quarantined,
+                         error=r.error)
+        if r.error:
+            logger.warning("shard %s quarantined: %s", s.id, r.error)
+        elif r.rows_quarantined:
+            logger.info("shard %s: %d rows quarantined to %s", s.id, r.rows_quarantined, r.quarantine_path)
+    summary = summarize(reports)
+    summary["raw_bytes"] = raw_bytes
+    summary["reports"] = [asdict(r) | {"train_stats": None} for r in reports]
+    return summary
