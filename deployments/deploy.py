@@ -18,9 +18,9 @@ from insitu.config import SitesConfig
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
 SITE_FLOWS = {
-    "site-prepare": "flows/site.py:site_prepare",
-    "site-train": "flows/site.py:site_train",
-    "site-evaluate": "flows/site.py:site_evaluate",
+    "site-prepare": "flows/site_prepare.py:site_prepare",
+    "site-train": "flows/site_train.py:site_train",
+    "site-evaluate": "flows/site_evaluate.py:site_evaluate",
 }
 
 

@@ -20,11 +20,12 @@ import logging
 import time
 from collections import defaultdict
 from datetime import UTC, datetime
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from insitu.storage import Store
+
+if TYPE_CHECKING:  # torch is imported where weights are (de)serialised: prepare never pays for it
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +51,16 @@ def _check_aggregate(obj: Any, where: str = "$") -> None:
 
 
 def state_to_bytes(state: dict[str, torch.Tensor]) -> bytes:
+    import torch
+
     buf = io.BytesIO()
     torch.save({k: v.detach().cpu() for k, v in state.items()}, buf)
     return buf.getvalue()
 
 
 def state_from_bytes(data: bytes) -> dict[str, torch.Tensor]:
+    import torch
+
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 

@@ -1,0 +1,34 @@
+"""``site-evaluate``: runs on a site's own pool; scores global models on the site's own test split."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from insitu.data.loader import load_split
+from tasks.context import site_context
+from tasks.evaluate import evaluate_weights
+
+
+@flow(name="site-evaluate", log_prints=False)
+def site_evaluate(
+    job_id: str,
+    weights: list[str],
+    dataset: str = "fraud",
+    training: str = "fraud",
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Score each named global model on this site's test split; publish metrics (never scores)."""
+    logger = get_run_logger()
+    ctx = site_context(job_id, training, dataset, overrides)
+    norm = ctx.exchange.get_json("stats", "global.json", writer="coordinator")
+    x, y = load_split(ctx.store, dataset, job_id, "test")
+    ctx.audit.append("data.read", what="prepared/test", job_id=job_id, flow_run_id=ctx.flow_run_id, rows=len(y))
+    results = {}
+    for name in weights:
+        results[name] = evaluate_weights(ctx, name, x, y, len(norm["mean"]), float(norm["pos_weight"]))
+        logger.info("site=%s model=%s %s", ctx.site, name,
+                    " ".join(f"{k}={v:.4f}" for k, v in results[name].items()))
+    ctx.exchange.put_json("metrics", "evaluate.json", {"site": ctx.site, "models": results})
+    return results

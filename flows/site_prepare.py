@@ -1,0 +1,41 @@
+"""``site-prepare``: runs on a site's own pool; prepares that site's shards on its Dask cluster.
+
+The site trusts nothing in the request about residency: its identity comes from its worker's
+environment and its guard re-checks every requested shard against its own datasets.yaml.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from insitu.governance.residency import admit_shards
+from tasks.context import site_context
+from tasks.prepare import prepare_shards
+
+
+@flow(name="site-prepare", log_prints=False)
+def site_prepare(
+    job_id: str,
+    dataset: str = "fraud",
+    shards: list[str] | None = None,
+    training: str = "fraud",
+    overrides: dict[str, Any] | None = None,
+    requested_by: str = "coordinator",
+) -> dict[str, Any]:
+    """Validate, quarantine, featurize and split this site's shards on its Dask cluster.
+
+    Publishes only aggregate statistics (counts, sums, sums of squares) to the exchange.
+    """
+    logger = get_run_logger()
+    ctx = site_context(job_id, training, dataset, overrides)
+    admitted = admit_shards(ctx.site, shards, dataset, ctx.conf.dataset, ctx.audit, requested_by, job_id,
+                            ctx.flow_run_id)
+    logger.info("site=%s admitted %d shard(s): %s", ctx.site, len(admitted), [s.id for s in admitted])
+    summary = prepare_shards(ctx, admitted, job_id)
+    summary["site"] = ctx.site
+    ctx.exchange.put_json("stats", "prepare.json", summary)
+    logger.info("site=%s prepared %d rows, quarantined %d, unreadable shards %s", ctx.site,
+                summary["rows_prepared"], summary["rows_quarantined"], summary["shards_unreadable"])
+    return {k: summary[k] for k in ("rows_prepared", "rows_quarantined", "shards_unreadable")}

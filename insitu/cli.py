@@ -1,0 +1,292 @@
+"""``insitu``: the operator's command line (local platform, seeding, deploying, running, audit).
+
+The core never imports Prefect at module level; commands that talk to Prefect import it inside.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from insitu.config import ConfigError, load_conf
+from insitu.stack import REPO, Platform, PlatformError
+
+app = typer.Typer(help="insitu: train models where the data lives.", no_args_is_help=True, add_completion=False)
+audit_app = typer.Typer(help="Audit logs: verify the tamper-evident chains.", no_args_is_help=True)
+app.add_typer(audit_app, name="audit")
+console = Console()
+
+StateDir = Annotated[Path, typer.Option("--state-dir", envvar="INSITU_HOME", help="platform state directory")]
+ConfDir = Annotated[Path, typer.Option("--conf", envvar="INSITU_CONF", help="configuration directory")]
+DEFAULT_STATE = REPO / ".insitu"
+DEFAULT_CONF = REPO / "conf"
+
+
+def _quiet_logs() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for name in ("httpx", "prefect", "distributed", "botocore", "s3fs", "aiobotocore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _platform(state_dir: Path, conf: Path) -> Platform:
+    try:
+        p = Platform(state_dir, conf)
+        # Before anything imports Prefect: its settings are read from this environment.
+        p.apply_env()
+        return p
+    except ConfigError as e:
+        console.print(f"[red]configuration error[/red]\n{e}")
+        raise typer.Exit(2) from None
+
+
+def _require_up(p: Platform) -> None:
+    if not p.state.get("pids"):
+        console.print(f"[red]the platform is not running[/red] (state: {p.dir}); start it with `insitu up`")
+        raise typer.Exit(1)
+    p.apply_env()
+
+
+@app.command()
+def up(
+    state_dir: StateDir = DEFAULT_STATE,
+    conf: ConfDir = DEFAULT_CONF,
+    free_ports: Annotated[bool, typer.Option(help="pick free ports instead of the defaults")] = False,
+    port: Annotated[list[str], typer.Option(help="override a port: NAME=PORT (e.g. prefect=4300)")] = [],  # noqa: B006
+) -> None:
+    """Start (or reuse) the local multi-site platform and wait until every part is healthy."""
+    _quiet_logs()
+    ports = {k: int(v) for k, v in (x.split("=", 1) for x in port)}
+    try:
+        p = Platform(state_dir, conf, ports=ports, free_ports=free_ports)
+        p.apply_env()
+        with console.status("starting the local platform (Prefect, MLflow, S3 per site, Dask per site, workers)…"):
+            res = p.up()
+    except (PlatformError, ConfigError) as e:
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(1) from None
+    console.print(f"platform up in [bold]{res['seconds']:.1f}s[/bold] "
+                  f"({'started ' + ', '.join(res['started']) if res['started'] else 'everything was already running'})")
+    _print_urls(p)
+
+
+def _print_urls(p: Platform) -> None:
+    console.print(f"Prefect UI: [link]{p.prefect_ui_url}[/link]   MLflow UI: [link]{p.mlflow_url}[/link]   "
+                  f"state: {p.dir}")
+
+
+@app.command()
+def down(state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) -> None:
+    """Stop every process `insitu up` started (by PID)."""
+    _quiet_logs()
+    p = _platform(state_dir, conf)
+    stopped = p.down()
+    console.print(f"stopped {len(stopped)} component(s)" + (f": {', '.join(stopped)}" if stopped else ""))
+
+
+@app.command()
+def status(state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) -> None:
+    """Show each component of the local platform: PID, running, healthy."""
+    _quiet_logs()
+    p = _platform(state_dir, conf)
+    t = Table("component", "pid", "running", "healthy")
+    for name, s in p.status().items():
+        t.add_row(name, str(s["pid"] or "-"), "yes" if s["running"] else "no",
+                  "[green]yes[/green]" if s["healthy"] else "[red]no[/red]")
+    console.print(t)
+    _print_urls(p)
+
+
+@app.command()
+def seed(
+    state_dir: StateDir = DEFAULT_STATE,
+    conf: ConfDir = DEFAULT_CONF,
+    rows: Annotated[int, typer.Option(help="rows per site")] = 20000,
+    random_seed: Annotated[int, typer.Option("--seed", help="random seed (same seed, same files)")] = 42,
+    corrupt_shard: Annotated[str, typer.Option(help="shard id to write unreadable; 'last' or 'none'")] = "last",
+    dataset: str = "fraud",
+) -> None:
+    """Write synthetic, non-IID fraud data into each site's own store."""
+    _quiet_logs()
+    p = _platform(state_dir, conf)
+    _require_up(p)
+    from insitu.data.seed import seed as do_seed
+
+    c = load_conf("fraud", dataset, directory=conf)
+    out = do_seed(c, rows, random_seed, None if corrupt_shard == "none" else corrupt_shard)
+    t = Table("shard", "site", "rows", "malformed rows", "unreadable")
+    for sid, v in out.items():
+        t.add_row(sid, v["site"], str(v["rows"]), str(v["malformed"]), "yes" if v["unreadable"] else "")
+    console.print(t)
+
+
+@app.command()
+def deploy(state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) -> None:
+    """Register retrain on the coordinator pool and the site flows on every site's pool."""
+    _quiet_logs()
+    p = _platform(state_dir, conf)
+    _require_up(p)
+    from deployments.deploy import deploy_all
+
+    with console.status("registering deployments…"):
+        names = deploy_all(p.sites)
+    console.print(f"deployed {len(names)}: {', '.join(names)}")
+
+
+@app.command()
+def run(
+    state_dir: StateDir = DEFAULT_STATE,
+    conf: ConfDir = DEFAULT_CONF,
+    training: str = "fraud",
+    rounds: Annotated[int | None, typer.Option(help="override the training config's rounds")] = None,
+    job_id: Annotated[str | None, typer.Option(help="job id (reuse one to resume)")] = None,
+) -> None:
+    """Trigger `retrain` through the Prefect API (as the UI does), follow it, print the summary."""
+    _quiet_logs()
+    p = _platform(state_dir, conf)
+    _require_up(p)
+    summary = _run_and_follow(p, training, rounds, job_id)
+    _print_summary(summary)
+    _print_urls(p)
+
+
+def _run_and_follow(p: Platform, training: str, rounds: int | None, job_id: str | None) -> dict[str, Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.deployments import run_deployment
+
+    from insitu.federated.exchange import Exchange
+    from insitu.storage import store_from_env
+
+    c = load_conf(training, directory=p.conf_dir, overrides={"rounds": rounds} if rounds else None)
+    job_id = job_id or f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+    params: dict[str, Any] = {"training": training, "job_id": job_id}
+    if rounds:
+        params["rounds"] = rounds
+    fr = run_deployment("retrain/coordinator", parameters={"params": params}, timeout=0)
+    console.print(f"triggered retrain as flow run {fr.id} (job {job_id}): "
+                  f"{p.prefect_ui_url}/runs/flow-run/{fr.id}")
+    ex = Exchange(store_from_env(c.sites.exchange, "exchange"), job_id, writer="operator")
+    n_sites = len({s.site for s in c.dataset.shards})
+    total = 2 * n_sites + c.training.rounds + 1
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
+                  "{task.total}"), TimeElapsedColumn(), console=console) as prog:
+        task = prog.add_task("retrain: starting", total=total)
+        with get_client(sync_client=True) as client:
+            while True:
+                run = client.read_flow_run(fr.id)
+                kids = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=job_id)))
+                done_prep = sum(1 for k in kids if k.name.startswith("site-prepare") and k.state_name == "Completed")
+                done_eval = sum(1 for k in kids if k.name.startswith("site-evaluate") and k.state_name == "Completed")
+                rounds_done = max(0, len([x for x in ex.list("weights", "coordinator") if x.endswith(".manifest.json")])
+                                  - 1)
+                registered = ex.exists("summary", "summary.json", writer="coordinator")
+                phase = ("register" if done_eval == n_sites else "evaluate" if rounds_done >= c.training.rounds
+                         else f"round {rounds_done + 1}/{c.training.rounds}" if done_prep == n_sites else "prepare")
+                prog.update(task, completed=done_prep + rounds_done + done_eval + int(registered),
+                            description=f"retrain [{run.state_name}]: {phase}")
+                if run.state and run.state.is_final():
+                    break
+                time.sleep(2)
+    if not (run.state and run.state.is_completed()):
+        console.print(f"[red]retrain {run.state_name}[/red]: {run.state.message if run.state else ''}")
+        console.print(f"logs: {p.prefect_ui_url}/runs/flow-run/{fr.id}")
+        raise typer.Exit(1)
+    return ex.get_json("summary", "summary.json", writer="coordinator")
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    t = Table(title=f"insitu job {s['job_id']} — {s['rounds']} federated rounds", show_lines=False)
+    for col in ("site", "rows prepared", "quarantined", "unreadable shards", "rounds", "ROC-AUC", "PR-AUC",
+                "test loss", "test rows", "bytes → exchange", "raw bytes (stayed)"):
+        t.add_column(col, justify="right" if col not in ("site", "unreadable shards") else "left")
+    for name, v in s["sites"].items():
+        m = v["metrics"]
+        t.add_row(name, f"{v['rows_prepared']:,}", f"{v['rows_quarantined']:,}",
+                  ", ".join(v["shards_unreadable"]) or "-",
+                  str(v["rounds_contributed"]), f"{m.get('roc_auc', float('nan')):.4f}",
+                  f"{m.get('pr_auc', float('nan')):.4f}", f"{m.get('loss', float('nan')):.4f}",
+                  f"{int(m.get('count', 0)):,}", f"{sum(v['bytes_to_exchange'].values()):,}", f"{v['raw_bytes']:,}")
+    g = s["global_metrics"]
+    coord = sum(s["bytes_crossed_by_writer"].get("coordinator", {}).values())
+    t.add_row("[bold]global[/bold] (sample-weighted)", "", "", "", "", f"[bold]{g.get('roc_auc', float('nan')):.4f}",
+              f"[bold]{g.get('pr_auc', float('nan')):.4f}", f"{g.get('loss', float('nan')):.4f}",
+              f"{int(g.get('count', 0)):,}", f"{s['bytes_crossed']:,} (coordinator {coord:,})", f"{s['raw_bytes']:,}")
+    console.print(t)
+    m = s["model"]
+    console.print(f"registered [bold]{m['model_name']}[/bold] version [bold]{m['version']}[/bold] "
+                  f"with alias [bold]{m['alias']}[/bold] (MLflow run {m['run_id']})")
+    console.print(f"bytes that crossed a border: {s['bytes_crossed']:,} (model weights, updates, aggregate "
+                  f"statistics, metrics); raw data that stayed in its region: {s['raw_bytes']:,} bytes; rows moved: 0")
+
+
+@app.command()
+def demo(
+    state_dir: StateDir = DEFAULT_STATE,
+    conf: ConfDir = DEFAULT_CONF,
+    rows: Annotated[int, typer.Option(help="rows per site")] = 20000,
+    rounds: Annotated[int | None, typer.Option(help="override the training config's rounds")] = None,
+) -> None:
+    """The main job on the local platform: up, seed, deploy, retrain, summary. Leaves the platform up."""
+    t0 = time.monotonic()
+    up(state_dir, conf)
+    seed(state_dir, conf, rows=rows)
+    deploy(state_dir, conf)
+    run(state_dir, conf, rounds=rounds)
+    console.print(f"demo finished in {time.monotonic() - t0:.0f}s. The platform is still running so you can "
+                  "explore both UIs; stop it with [bold]`.venv/bin/insitu down`[/bold].")
+
+
+@audit_app.command("verify")
+def audit_verify(
+    state_dir: StateDir = DEFAULT_STATE,
+    conf: ConfDir = DEFAULT_CONF,
+    actor: Annotated[list[str], typer.Option(help="site name or 'coordinator'; default: all")] = [],  # noqa: B006
+) -> None:
+    """Verify each audit log's hash chain, HMACs and head; report the first broken or missing line."""
+    from insitu.governance.audit import verify
+
+    p = _platform(state_dir, conf)
+    actors = actor or ["coordinator", *p.sites.names]
+    t = Table("log", "lines", "result")
+    ok = True
+    for a in actors:
+        path = p.audit_log(a)
+        r = verify(path, p.audit_key(a))
+        ok &= r.ok
+        t.add_row(str(path), str(r.lines), "[green]ok[/green]" if r.ok else f"[red]BROKEN[/red] {r.reason}")
+    console.print(t)
+    if not ok:
+        raise typer.Exit(1)
+
+
+@audit_app.command("show")
+def audit_show(
+    actor: str, state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF, last: int = 20
+) -> None:
+    """Print the last entries of one audit log as JSON lines."""
+    from insitu.governance.audit import read_events
+
+    p = _platform(state_dir, conf)
+    for e in read_events(p.audit_log(actor))[-last:]:
+        console.print_json(json.dumps(e))
+
+
+def main() -> None:  # pragma: no cover
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
