@@ -1,0 +1,49 @@
+"""The real local platform for end-to-end tests: free ports, a temporary state dir, stopped by PID."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from insitu.stack import REPO, Platform
+
+
+@pytest.fixture(scope="session")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    state = tmp_path_factory.mktemp("insitu-platform")
+    p = Platform(state, REPO / "conf", free_ports=True)
+    p.apply_env()
+    # Prefect was imported (by the test modules) before these variables existed: point its settings here.
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    try:
+        p.up()
+        with temporary_settings({PREFECT_API_URL: p.prefect_api_url, PREFECT_HOME: str(p.dir / "prefect-client")}):
+            yield p
+    finally:
+        pids = dict(p.state.get("pids", {}))
+        p.down()
+        left = [n for n, pid in pids.items() if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        assert not left, f"processes left behind after down(): {left}"
+
+
+@pytest.fixture(scope="session")
+def deployed(platform: Platform) -> Platform:
+    from deployments.deploy import deploy_all
+    from insitu.config import load_conf
+    from insitu.data.seed import seed
+
+    conf = load_conf("fraud", directory=platform.conf_dir)
+    seeded = seed(conf, rows_per_site=int(os.environ.get("INSITU_E2E_ROWS", "3000")))
+    platform.state["seeded"] = seeded
+    deploy_all(conf.sites)
+    return platform
+
+
+def state_dir(p: Platform) -> Path:
+    return p.dir
