@@ -46,6 +46,12 @@ def quarantine_prefix(dataset: str, job_id: str) -> str:
     return f"quarantine/{dataset}/{job_id}"
 
 
+def _parent(store: Store, relative: str) -> None:
+    """Create the parent folder on stores that have folders (object stores have none)."""
+    if store.url.startswith("file://"):
+        store.fs.makedirs(store.path(relative).rsplit("/", 1)[0], exist_ok=True)
+
+
 def _read(store: Store, path: str) -> pd.DataFrame:
     url = store.full_url(path)
     if path.endswith(".csv"):
@@ -71,6 +77,7 @@ def prepare_shard(
     except Exception as e:  # unreadable: quarantine the file itself, report, let the others go on
         rep.error = f"unreadable shard {shard.path}: {type(e).__name__}: {e}"
         rep.quarantine_path = store.full_url(f"{qprefix}/{shard.id}.unreadable")
+        _parent(store, f"{qprefix}/{shard.id}.unreadable")
         try:
             fs.copy(store.path(shard.path), store.path(f"{qprefix}/{shard.id}.unreadable"))
         except FileNotFoundError:
@@ -87,6 +94,7 @@ def prepare_shard(
         good, bad = raw.iloc[0:0], raw.assign(_quarantine_reason=str(e))
     if len(bad):
         qpath = f"{qprefix}/{shard.id}.parquet"
+        _parent(store, qpath)
         bad.to_parquet(store.full_url(qpath), storage_options=store.options or None, index=False)
         rep.quarantine_path = store.full_url(qpath)
     rep.rows_quarantined = len(bad)
@@ -100,6 +108,7 @@ def prepare_shard(
         m = which == name
         frame = pd.DataFrame(x[m], columns=[f"f{i}" for i in range(x.shape[1])])
         frame["label"] = y[m]
+        _parent(store, f"{prefix}/{name}/{shard.id}.parquet")
         frame.to_parquet(
             store.full_url(f"{prefix}/{name}/{shard.id}.parquet"), storage_options=store.options or None, index=False
         )

@@ -85,6 +85,8 @@ class Exchange:
     # ------------------------------------------------------------------ writes
     def put_bytes(self, kind: str, name: str, data: bytes) -> str:
         key = self.key(kind, name)
+        if self.store.url.startswith("file://"):  # object stores have no directories to create
+            self.fs.makedirs(self._path(key).rsplit("/", 1)[0], exist_ok=True)
         with self.fs.open(self._path(key), "wb") as f:
             f.write(data)
         return key

@@ -118,3 +118,14 @@ def test_quarantine_holds_bad_rows_with_reasons(deployed: Platform, job: dict[st
     assert fs.exists(f"{q}/apac-002.unreadable")
     reason = json.loads(fs.cat(f"{q}/apac-002.reason.json"))
     assert "unreadable" in reason["error"]
+
+
+def test_retrain_deployment_exposes_a_validated_parameter_form(deployed: Platform) -> None:
+    with get_client(sync_client=True) as c:
+        dep = c.read_deployment_by_name("retrain/coordinator")
+        schema = dep.parameter_openapi_schema
+        props = schema["definitions"]["RetrainParams"]["properties"]
+        assert {"training", "dataset", "job_id", "rounds", "local_epochs", "batch_size"} <= set(props)
+        assert props["rounds"]["anyOf"][0]["minimum"] == 1
+        with pytest.raises(Exception, match="(?i)validation|409|parameters"):
+            c.create_flow_run_from_deployment(dep.id, parameters={"params": {"rounds": 0}})

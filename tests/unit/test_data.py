@@ -263,11 +263,6 @@ def test_prepare_shard_schema_mismatch_quarantines_whole_shard(
         load_split(store, DATASET, JOB, "train")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=FileNotFoundError,
-    reason="BUG: prepare_shard does not create quarantine/ and prepared/ folders on a plain file:// store",
-)
 def test_prepare_shard_on_fresh_file_store(tmp_path: Path, conf: Conf, schema: SchemaConfig) -> None:
     shard = conf.dataset.shard("eu-000")
     (tmp_path / "raw/fraud").mkdir(parents=True)

@@ -17,23 +17,18 @@ from insitu.storage import Store
 
 
 def _store(tmp_path: Path) -> Store:
-    # auto_mkdir: fsspec's local filesystem does not create parent folders on its own (see
-    # test_fresh_file_store_without_auto_mkdir, which documents that gap in the exchange).
-    return Store("file://" + str(tmp_path) + "/", {"auto_mkdir": True})
+    return Store("file://" + str(tmp_path) + "/", {})
 
 
 def _state() -> dict[str, torch.Tensor]:
     return {"fc.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3), "fc.bias": torch.tensor([0.5, -1.0])}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=FileNotFoundError,
-    reason="BUG: Exchange.put_bytes does not create jobs/<job>/<kind>/<writer>/ on a plain file:// store",
-)
-def test_fresh_file_store_without_auto_mkdir(tmp_path: Path) -> None:
-    ex = Exchange(Store("file://" + str(tmp_path) + "/", {}), "job-1", "eu")
+def test_fresh_file_store_creates_folders(tmp_path: Path) -> None:
+    # a plain local store: fsspec does not create jobs/<job>/<kind>/<writer>/ unless asked to
+    ex = Exchange(Store("file://" + str(tmp_path / "fresh") + "/", {}), "job-1", "eu")
     ex.put_json("metrics", "m.json", {"auc": 0.9})
+    assert (tmp_path / "fresh/jobs/job-1/metrics/eu/m.json").is_file()
     assert ex.get_json("metrics", "m.json") == {"auc": 0.9}
 
 

@@ -1,0 +1,93 @@
+"""One round on the coordinator's side: collect updates until the deadline, check quorum, aggregate."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from insitu.federated.exchange import Exchange
+from insitu.federated.fedavg import fedavg
+
+log = logging.getLogger(__name__)
+
+
+def round_name(r: int) -> str:
+    return f"round-{r:04d}"
+
+
+class QuorumError(RuntimeError):
+    """Fewer sites than ``min_sites`` delivered an update in time."""
+
+
+@dataclass
+class RoundResult:
+    round: int
+    sites: list[str]
+    missing: list[str]
+    n_samples: int
+    site_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"round": self.round, "sites": self.sites, "missing": self.missing, "n_samples": self.n_samples,
+                "site_metrics": self.site_metrics}
+
+
+def collect_updates(
+    ex: Exchange,
+    rnd: int,
+    sites: list[str],
+    deadline_s: float,
+    is_alive: Callable[[str], bool] | None = None,
+    poll: float = 0.2,
+) -> tuple[list[str], list[str]]:
+    """Wait until every site published round ``rnd``, the deadline passes, or the rest are gone.
+
+    Returns ``(arrived, missing)``. A site whose flow run has ended (``is_alive`` False) is not waited for.
+    """
+    name = round_name(rnd)
+    deadline = time.monotonic() + deadline_s
+    while True:
+        arrived = [s for s in sites if ex.exists("update", f"{name}.manifest.json", writer=s)]
+        pending = [s for s in sites if s not in arrived]
+        if not pending or time.monotonic() >= deadline:
+            break
+        if is_alive is not None and not any(is_alive(s) for s in pending):
+            break
+        time.sleep(poll)
+    return arrived, [s for s in sites if s not in arrived]
+
+
+def run_round(
+    ex: Exchange,
+    rnd: int,
+    sites: list[str],
+    min_sites: int,
+    deadline_s: float,
+    is_alive: Callable[[str], bool] | None = None,
+) -> RoundResult:
+    """Collect, check the quorum, FedAvg by samples, publish global weights for round ``rnd + 1``.
+
+    Raises
+    ------
+    QuorumError
+        When fewer than ``min_sites`` updates arrived; the message names the missing sites.
+    """
+    arrived, missing = collect_updates(ex, rnd, sites, deadline_s, is_alive)
+    if missing:
+        log.warning("round %d: no update from %s within %.0fs; skipped for this round", rnd, missing, deadline_s)
+    if len(arrived) < min_sites:
+        raise QuorumError(
+            f"round {rnd}: quorum not met: {len(arrived)} update(s) from {arrived} < min_sites={min_sites}; "
+            f"missing: {missing}"
+        )
+    updates, metrics = [], {}
+    for s in arrived:
+        state, man = ex.get_state("update", round_name(rnd), writer=s)
+        updates.append((state, int(man["n_samples"])))
+        metrics[s] = {**man.get("metrics", {}), "n_samples": man["n_samples"], "bytes": man["bytes"]}
+    total = sum(n for _, n in updates)
+    ex.put_state("weights", round_name(rnd + 1), fedavg(updates), round=rnd + 1, sites=arrived, n_samples=total)
+    return RoundResult(rnd, arrived, missing, total, metrics)

@@ -1,0 +1,51 @@
+"""Coordinator rounds: deadline, quorum and FedAvg over a real (file://) exchange."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from insitu.federated.exchange import Exchange
+from insitu.federated.rounds import QuorumError, collect_updates, round_name, run_round
+from insitu.storage import Store
+
+
+def _exchange(tmp_path: Path, writer: str) -> Exchange:
+    return Exchange(Store(f"file://{tmp_path}/", {}), "job-1", writer)
+
+
+def _publish(tmp_path: Path, site: str, rnd: int, value: float, n: int) -> None:
+    _exchange(tmp_path, site).put_state("update", round_name(rnd), {"w": torch.full((2,), value)}, n_samples=n,
+                                        metrics={"train_loss": value})
+
+
+def test_late_site_is_skipped_and_quorum_holds(tmp_path: Path) -> None:
+    _publish(tmp_path, "eu", 0, 1.0, 100)
+    _publish(tmp_path, "us", 0, 3.0, 300)
+    coord = _exchange(tmp_path, "coordinator")
+    res = run_round(coord, 0, ["eu", "us", "apac"], min_sites=2, deadline_s=0.5)
+    assert res.sites == ["eu", "us"] and res.missing == ["apac"]
+    state, man = coord.get_state("weights", round_name(1))
+    assert torch.allclose(state["w"], torch.full((2,), 2.5))  # (1*100 + 3*300) / 400
+    assert man["n_samples"] == 400 and man["sites"] == ["eu", "us"]
+    assert res.site_metrics["us"]["train_loss"] == 3.0
+
+
+def test_below_quorum_fails_naming_the_missing_sites(tmp_path: Path) -> None:
+    _publish(tmp_path, "eu", 0, 1.0, 100)
+    with pytest.raises(QuorumError, match=r"1 update\(s\) from \['eu'\] < min_sites=2; missing: \['us', 'apac'\]"):
+        run_round(_exchange(tmp_path, "coordinator"), 0, ["eu", "us", "apac"], min_sites=2, deadline_s=0.3)
+    assert not _exchange(tmp_path, "coordinator").exists("weights", f"{round_name(1)}.manifest.json")
+
+
+def test_does_not_wait_for_sites_whose_run_ended(tmp_path: Path) -> None:
+    import time
+
+    _publish(tmp_path, "eu", 0, 1.0, 100)
+    t0 = time.monotonic()
+    arrived, missing = collect_updates(_exchange(tmp_path, "coordinator"), 0, ["eu", "us"], deadline_s=30,
+                                       is_alive=lambda s: False)
+    assert (arrived, missing) == (["eu"], ["us"])
+    assert time.monotonic() - t0 < 5
