@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from insitu.config import load_conf
 from insitu.federated.exchange import Exchange
+from insitu.federated.rounds import round_name
 from insitu.governance.audit import AuditLog
 from insitu.metrics import weighted_global
 from insitu.storage import store_from_env
@@ -24,7 +25,6 @@ from insitu.summary import job_summary, summary_markdown
 from tasks.dispatch import failed, run_states, start_site_runs, wait_for_runs
 from tasks.federation import aggregate_round, publish_global_stats, publish_initial_weights
 from tasks.registry import log_round, register_model, start_runs
-from tasks.train import round_name
 
 
 class RetrainParams(BaseModel):

@@ -7,8 +7,9 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from insitu.data.loader import load_split
+from insitu.federated.rounds import round_name
 from tasks.context import site_context
-from tasks.train import round_name, train_round
+from tasks.train import train_round
 
 
 @flow(name="site-train", log_prints=False)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -11,10 +11,9 @@ from prefect import get_run_logger, task
 from insitu.config import Conf
 from insitu.data.features import feature_names
 from insitu.federated.exchange import Exchange
-from insitu.federated.fedavg import fedavg
+from insitu.federated.rounds import round_name, run_round
 from insitu.federated.stats import combine, mean_std
 from insitu.models.fraud_mlp import build_model
-from tasks.train import round_name
 
 
 @task(task_run_name="global-statistics")
@@ -46,40 +45,17 @@ def publish_initial_weights(ex: Exchange, conf: Conf, norm: dict[str, Any]) -> d
 
 @task(task_run_name="aggregate-round-{rnd}")
 def aggregate_round(
-    ex: Exchange, rnd: int, sites: list[str], min_sites: int, deadline_s: float, is_alive: Any = None
+    ex: Exchange, rnd: int, sites: list[str], min_sites: int, deadline_s: float,
+    is_alive: Callable[[str], bool] | None = None,
 ) -> dict[str, Any]:
     """Wait for the sites' updates until the deadline, check the quorum, FedAvg, publish the next global.
 
     A site that misses the deadline is logged and skipped for this round.
     """
     logger = get_run_logger()
-    name = round_name(rnd)
-    deadline = time.monotonic() + deadline_s
-    arrived: list[str] = []
-    while True:
-        arrived = [s for s in sites if ex.exists("update", f"{name}.manifest.json", writer=s)]
-        gone = [s for s in sites if is_alive is not None and not is_alive(s)]
-        if len(arrived) == len(sites) or time.monotonic() > deadline or set(arrived) | set(gone) == set(sites):
-            break
-        time.sleep(0.2)
-    missing = [s for s in sites if s not in arrived]
-    if missing:
-        logger.warning("round %d: no update from %s by the deadline (%.0fs); skipped this round", rnd, missing,
+    res = run_round(ex, rnd, sites, min_sites, deadline_s, is_alive)
+    if res.missing:
+        logger.warning("round %d: no update from %s within %.0fs; skipped for this round", rnd, res.missing,
                        deadline_s)
-    if len(arrived) < min_sites:
-        raise RuntimeError(
-            f"round {rnd}: quorum not met: {len(arrived)} site update(s) ({arrived}) < min_sites={min_sites}; "
-            f"missing: {missing}"
-        )
-    updates, manifests = [], {}
-    for s in arrived:
-        state, man = ex.get_state("update", name, writer=s)
-        updates.append((state, int(man["n_samples"])))
-        manifests[s] = man
-    new = fedavg(updates)
-    ex.put_state("weights", round_name(rnd + 1), new, round=rnd + 1, sites=arrived,
-                 n_samples=sum(n for _, n in updates))
-    logger.info("round %d aggregated from %s (%d samples)", rnd, arrived, sum(n for _, n in updates))
-    return {"round": rnd, "sites": arrived, "missing": missing,
-            "site_metrics": {s: {**m.get("metrics", {}), "n_samples": m["n_samples"], "bytes": m["bytes"]}
-                             for s, m in manifests.items()}}
+    logger.info("round %d aggregated from %s (%d samples)", rnd, res.sites, res.n_samples)
+    return res.as_dict()

@@ -7,13 +7,10 @@ from typing import Any
 import numpy as np
 from prefect import get_run_logger, task
 
+from insitu.federated.rounds import round_name
 from insitu.models.fraud_mlp import build_model
 from insitu.parallel import train_site
 from tasks.context import SiteContext
-
-
-def round_name(r: int) -> str:
-    return f"round-{r:04d}"
 
 
 @task(retries=2, retry_delay_seconds=2, task_run_name="train-{ctx.site}-round-{rnd}")
