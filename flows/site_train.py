@@ -26,7 +26,8 @@ def site_train(
     t = ctx.conf.training
     norm = ctx.exchange.get_json("stats", "global.json", writer="coordinator")
     x, y = load_split(ctx.store, dataset, job_id, "train")
-    ctx.audit.append("data.read", what="prepared/train", job_id=job_id, flow_run_id=ctx.flow_run_id, rows=len(y))
+    ctx.audit.append("data.read", what="prepared/train", job_id=job_id, flow_run_id=ctx.flow_run_id, rows=len(y),
+                     strategy=t.strategy, ranks=t.ranks_per_site)
     n_features, pos_weight = len(norm["mean"]), float(norm["pos_weight"])
     done = 0
     for rnd in range(t.rounds):
@@ -40,6 +41,6 @@ def site_train(
         if ctx.exchange.exists("update", f"{name}.manifest.json"):
             logger.info("round %d already published by this site (resumed run); skipping", rnd)
         else:
-            train_round(ctx, rnd, x, y, n_features, pos_weight)
+            train_round(ctx, rnd, n_features, pos_weight)
         done += 1
     return {"site": ctx.site, "rounds": done, "n_samples": int(len(y)), "positives": int(y.sum())}

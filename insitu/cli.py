@@ -26,7 +26,8 @@ from insitu.stack import REPO, Platform, PlatformError
 app = typer.Typer(help="insitu: train models where the data lives.", no_args_is_help=True, add_completion=False)
 audit_app = typer.Typer(help="Audit logs: verify the tamper-evident chains.", no_args_is_help=True)
 app.add_typer(audit_app, name="audit")
-console = Console()
+# Wide enough for the summary table when output is not a terminal (CI logs, `make demo | tee`).
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 StateDir = Annotated[Path, typer.Option("--state-dir", envvar="INSITU_HOME", help="platform state directory")]
 ConfDir = Annotated[Path, typer.Option("--conf", envvar="INSITU_CONF", help="configuration directory")]

@@ -31,7 +31,7 @@ SITE_NAME = r"^[a-z][a-z0-9-]{0,30}$"
 ENV_NAME = r"^[A-Z_][A-Z0-9_]*$"
 KNOWN_MODELS = ("fraud_mlp",)
 KNOWN_AGGREGATORS = ("fedavg",)
-KNOWN_STRATEGIES = ("single",)
+KNOWN_STRATEGIES = ("single", "ddp")
 
 
 class ConfigError(ValueError):

@@ -1,33 +1,34 @@
-"""One federated round on a site: fetch the global model, train locally, publish the update."""
+"""One federated round on a site: fetch the global model, train in-site, publish the update."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-import numpy as np
 from prefect import get_run_logger, task
 
 from insitu.federated.rounds import round_name
-from insitu.models.fraud_mlp import build_model
-from insitu.parallel import train_site
+from insitu.parallel import DataRef, TrainSpec, train_site
 from tasks.context import SiteContext
 
 
 @task(retries=2, retry_delay_seconds=2, task_run_name="train-{ctx.site}-round-{rnd}")
-def train_round(
-    ctx: SiteContext, rnd: int, x: np.ndarray, y: np.ndarray, n_features: int, pos_weight: float
-) -> dict[str, Any]:
-    """Train on the site's data from the global weights of round ``rnd``; publish the update."""
+def train_round(ctx: SiteContext, rnd: int, n_features: int, pos_weight: float) -> dict[str, Any]:
+    """Train from the global weights of round ``rnd`` with the configured strategy; publish the update."""
     logger = get_run_logger()
     t = ctx.conf.training
     state, manifest = ctx.exchange.get_state("weights", round_name(rnd), writer="coordinator")
-    model = build_model(t.model, n_features)
-    model.load_state_dict(state)
-    result = train_site(model, x, y, t, pos_weight, seed=t.seed * 1000 + rnd)
+    spec = TrainSpec(training=t, n_features=n_features, state=state, pos_weight=pos_weight,
+                     seed=t.seed * 1000 + rnd,
+                     data=DataRef(ctx.store, ctx.conf.dataset_name, ctx.exchange.job_id, "train"))
+    address = os.environ.get(ctx.conf.sites.site(ctx.site).dask.scheduler_env)
+    result = train_site(spec, address)
     published = ctx.exchange.put_state(
         "update", round_name(rnd), result.state, round=rnd, n_samples=result.n_samples,
         base_sha256=manifest["sha256"], metrics=result.metrics,
     )
-    logger.info("site=%s round=%d samples=%d train_loss=%.4f update=%dB", ctx.site, rnd, result.n_samples,
-                result.metrics["train_loss"], published["bytes"])
+    logger.info("site=%s round=%d strategy=%s ranks=%d samples=%d train_loss=%.4f samples/s=%.0f comm=%.3fs "
+                "update=%dB", ctx.site, rnd, t.strategy, t.ranks_per_site, result.n_samples,
+                result.metrics["train_loss"], result.metrics["samples_per_s"], result.metrics.get("comm_s", 0.0),
+                published["bytes"])
     return published

@@ -1,29 +1,29 @@
-"""In-region training. A strategy is one module with ``train(model, x, y, cfg, pos_weight, seed)``.
+"""In-region training. A strategy is one module; ``train_site`` picks and launches it.
 
-``single`` (one process) is here now; ``ddp``, ``fsdp``, ``pipeline``, ``hybrid`` and ``async`` plug in
-through the same entry point, launched on the site's Dask workers by ``launch.py``.
+``single`` runs in this process; ``ddp`` runs ``ranks_per_site`` ranks on the site's Dask workers
+(``launch.py``) and also runs under plain ``torchrun`` (``python -m insitu.parallel.run``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from insitu.parallel.types import DataRef, TrainResult, TrainSpec
 
-import numpy as np
-from torch import nn
-
-from insitu.config import TrainingConfig
-from insitu.parallel import single
-from insitu.parallel.types import TrainResult
-
-STRATEGIES: dict[str, Callable[..., TrainResult]] = {"single": single.train}
+__all__ = ["DataRef", "TrainResult", "TrainSpec", "train_site"]
 
 
-def train_site(
-    model: nn.Module, x: np.ndarray, y: np.ndarray, cfg: TrainingConfig, pos_weight: float, seed: int
-) -> TrainResult:
+def train_site(spec: TrainSpec, dask_address: str | None = None) -> TrainResult:
     """Run the configured strategy on this site's training data."""
-    try:
-        strategy = STRATEGIES[cfg.strategy]
-    except KeyError:
-        raise ValueError(f"strategy {cfg.strategy!r} is not available; have {sorted(STRATEGIES)}") from None
-    return strategy(model, x, y, cfg, pos_weight, seed)
+    strategy = spec.training.strategy
+    if strategy == "single":
+        from insitu.parallel import single
+
+        return single.train(spec)
+    if strategy == "ddp":
+        from insitu.parallel import ddp
+        from insitu.parallel.launch import launch_on_dask
+
+        if not dask_address:
+            raise ValueError("strategy 'ddp' needs the site's Dask scheduler address")
+        results = launch_on_dask(dask_address, ddp.rank_main, spec.training.ranks_per_site, spec)
+        return next(r for r in results if r is not None)
+    raise ValueError(f"strategy {strategy!r} is not available; have ['single', 'ddp']")
