@@ -353,7 +353,7 @@ TOP_LEVEL_CHECKS = [
     ),
     pytest.param(
         TRAINING,
-        _set(TRAINING, ("ranks_per_site",), 2),
+        _edit(TRAINING, lambda d: d.update(strategy="single", ranks_per_site=2)),
         "ranks_per_site",
         "set ranks_per_site: 1",
         id="single-strategy-with-two-ranks",

@@ -1,0 +1,78 @@
+"""Debug a site's training outside Prefect with plain ``torchrun``::
+
+    torchrun --nproc-per-node 2 -m insitu.parallel.run --config conf/training/fraud_ddp.yaml \\
+        --data file:///path/to/site-store/ --dataset fraud --job-id <job>
+
+Reads the site's prepared train split (as written by ``site-prepare``), computes normalisation from it
+locally, and runs the same ``ddp.rank_main`` that the Dask launcher runs, in the rendezvous torchrun set
+up (``env://``). Rank 0 logs the metrics and can save the trained state with ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+
+import torch
+import torch.distributed as dist
+
+from insitu.config import StorageRef, load_training
+from insitu.data.loader import load_split
+from insitu.federated.stats import mean_std, partial_stats
+from insitu.models.fraud_mlp import build_model
+from insitu.parallel import ddp
+from insitu.parallel.types import DataRef, TrainSpec
+from insitu.storage import store_from_env
+
+log = logging.getLogger("insitu.parallel.run")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", required=True, help="training YAML (strategy/ranks are taken from torchrun)")
+    ap.add_argument("--data", required=True, help="the site's store URL (file:// or s3:// with env credentials)")
+    ap.add_argument("--dataset", default="fraud")
+    ap.add_argument("--job-id", required=True, help="the job whose prepared data to train on")
+    ap.add_argument("--endpoint-env", default=None, help="env var holding the S3 endpoint (s3:// stores)")
+    ap.add_argument("--out", default=None, help="rank 0 writes the trained state dict here")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s rank%(rank)s %(message)s")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend)  # env:// from torchrun
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    old = logging.getLogRecordFactory()
+
+    def factory(*a: object, **k: object) -> logging.LogRecord:
+        rec = old(*a, **k)
+        rec.rank = rank
+        return rec
+
+    logging.setLogRecordFactory(factory)
+    try:
+        cfg = load_training(args.config)
+        ref = StorageRef(storage=args.data, endpoint_env=args.endpoint_env)
+        store = store_from_env(ref, "this site")
+        x, y = load_split(store, args.dataset, args.job_id, "train")
+        mean, std = mean_std(partial_stats(x, y))
+        torch.manual_seed(cfg.seed)
+        state = build_model(cfg.model, x.shape[1], mean, std).state_dict()
+        spec = TrainSpec(cfg, x.shape[1], state, DataRef(store, args.dataset, args.job_id),
+                         pos_weight=float((len(y) - y.sum()) / max(y.sum(), 1)), seed=cfg.seed)
+        result = ddp.rank_main(rank, world, spec)
+        dist.barrier()
+        if rank == 0 and result is not None:
+            log.info("trained on %d rows with %d ranks: %s", result.n_samples, world, json.dumps(result.metrics))
+            if args.out:
+                torch.save(result.state, args.out)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
