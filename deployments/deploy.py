@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prefect import Flow
 
-from insitu.config import SitesConfig
+from insitu.config import SitesConfig, load_training
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
@@ -38,5 +38,23 @@ def deploy_all(sites: SitesConfig, source: Path = REPO) -> list[str]:
                     description="Federated retraining across all sites: plan, prepare, train, evaluate, register.",
                     ).apply()
     names.append("retrain/coordinator")
+    for cfg in sorted((source / "conf" / "training").glob("*.yaml")):
+        ensure_registry_lock(load_training(cfg).registry.model_name)
     log.info("deployed %s", names)
     return names
+
+
+def ensure_registry_lock(model_name: str) -> None:
+    """The global concurrency limit that serialises gate + alias moves for one registered model."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.exceptions import ObjectAlreadyExists
+
+    from tasks.registry import registry_lock_name
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.create_global_concurrency_limit(
+                GlobalConcurrencyLimitCreate(name=registry_lock_name(model_name), limit=1))
+        except ObjectAlreadyExists:
+            pass

@@ -10,8 +10,9 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+import mlflow
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
@@ -24,7 +25,15 @@ from insitu.storage import store_from_env
 from insitu.summary import job_summary, summary_markdown
 from tasks.dispatch import failed, run_states, start_site_runs, wait_for_runs
 from tasks.federation import aggregate_round, publish_global_stats, publish_initial_weights
-from tasks.registry import log_round, register_model, start_runs
+from tasks.registry import (
+    finish_runs,
+    gate_and_promote,
+    load_champion,
+    log_figures,
+    log_round,
+    register_model,
+    start_runs,
+)
 
 
 class RetrainParams(BaseModel):
@@ -76,47 +85,71 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
     stats = publish_global_stats(ex, conf, sites)
     publish_initial_weights(ex, conf, stats["norm"])
     mlruns = start_runs(conf, job_id, sites, fr_id)
+    progress = create_progress_artifact(progress=0.0, key="retrain-progress",
+                                        description=f"federated rounds of job {job_id}")
 
-    # ---- train: one long-lived site-train run per site; rounds exchange through the exchange
-    ids = start_site_runs("site-train", {s: common for s in sites})
+    # System metrics (CPU, memory) of the coordinator are recorded on the parent run while it is active.
+    with mlflow.start_run(run_id=mlruns["parent"], log_system_metrics=True):
+        # ---- train: one long-lived site-train run per site; rounds exchange through the exchange
+        ids = start_site_runs("site-train", {s: common for s in sites})
 
-    def alive(site: str) -> bool:
-        st = run_states({site: ids[site]})[site].state
-        return not (st and st.is_final())
+        def alive(site: str) -> bool:
+            st = run_states({site: ids[site]})[site].state
+            return not (st and st.is_final())
 
-    rounds = []
-    for rnd in range(t.rounds):
-        result = aggregate_round(ex, rnd, sites, t.federation.min_sites, t.federation.round_deadline_s, alive)
-        log_round(mlruns, rnd, result)
-        rounds.append(result)
-    runs = wait_for_runs(ids, params.phase_timeout_s)
-    bad = failed(runs)
-    for s, why in bad.items():
-        logger.warning("site-train on %s did not complete: %s", s, why)
-    final = round_name(t.rounds)
+        rounds = []
+        for rnd in range(t.rounds):
+            result = aggregate_round(ex, rnd, sites, t.federation.min_sites, t.federation.round_deadline_s, alive)
+            log_round(mlruns, rnd, result)
+            rounds.append(result)
+            update_progress_artifact(progress, progress=100.0 * (rnd + 1) / t.rounds)
+        runs = wait_for_runs(ids, params.phase_timeout_s)
+        for s, why in failed(runs).items():
+            logger.warning("site-train on %s did not complete: %s", s, why)
+        final = round_name(t.rounds)
 
-    # ---- evaluate the final global model on every site's own test split
-    ids = start_site_runs("site-evaluate", {s: {**common, "weights": [final]} for s in sites})
-    runs = wait_for_runs(ids, params.phase_timeout_s)
-    bad = failed(runs)
-    eval_sites = [s for s in sites if s not in bad]
-    _check_quorum("evaluate", eval_sites, bad, t.federation.min_sites, audit, job_id)
-    site_metrics = {s: ex.get_json("metrics", "evaluate.json", writer=s)["models"][final] for s in eval_sites}
-    global_metrics = weighted_global(site_metrics)
+        # ---- evaluate the candidate and the current champion on every site's own test split
+        champion = load_champion(conf, stats["norm"]["features"])
+        names = [final]
+        if champion:
+            ex.put_state("weights", "champion", champion["state"], version=champion["version"])
+            names.append("champion")
+        ids = start_site_runs("site-evaluate", {s: {**common, "weights": names} for s in sites})
+        runs = wait_for_runs(ids, params.phase_timeout_s)
+        bad = failed(runs)
+        eval_sites = [s for s in sites if s not in bad]
+        _check_quorum("evaluate", eval_sites, bad, t.federation.min_sites, audit, job_id)
+        evaluated = {s: ex.get_json("metrics", "evaluate.json", writer=s)["models"] for s in eval_sites}
+        site_metrics = {s: _numbers(m[final]) for s, m in evaluated.items()}
+        global_metrics = weighted_global(site_metrics)
+        champ_sites = {s: _numbers(m["champion"]) for s, m in evaluated.items()} if champion else None
+        champ_global = weighted_global(champ_sites) if champ_sites else None
 
-    # ---- register
-    state, _ = ex.get_state("weights", final, writer="coordinator")
-    reg = register_model(conf, job_id, mlruns, state, stats["norm"], site_metrics, global_metrics, sites)
+        # ---- register, gate, promote
+        state, _ = ex.get_state("weights", final, writer="coordinator")
+        reg = register_model(conf, job_id, mlruns, state, stats["norm"], site_metrics, global_metrics, sites)
+        log_figures(mlruns["parent"], {s: m[final] for s, m in evaluated.items()}, site_metrics)
+    decision = gate_and_promote(conf, job_id, reg["version"], global_metrics, site_metrics, champion, champ_global,
+                                champ_sites)
+    finish_runs(mlruns, decision)
     audit.append("model.registered", job_id=job_id, flow_run_id=fr_id, **reg)
+    audit.append("model.gate", job_id=job_id, flow_run_id=fr_id, model=reg["model_name"], version=reg["version"],
+                 passed=decision["passed"], reason=decision["reason"], champion=decision["champion"],
+                 previous_champion=decision["previous_champion"])
+    reg = {**reg, "alias": "champion" if decision["passed"] else "challenger", "gate": decision}
 
     summary = job_summary(job_id, conf, stats["per_site"], rounds, site_metrics, global_metrics, reg, ex.ledger(),
                           started)
     ex.put_json("summary", "summary.json", summary)
     create_markdown_artifact(key="retrain-summary", markdown=summary_markdown(summary),
                              description=f"insitu job {job_id}")
-    logger.info("job %s done: %s v%s, global PR-AUC %.4f", job_id, reg["model_name"], reg["version"],
-                global_metrics.get("pr_auc", float("nan")))
+    logger.info("job %s done: %s v%s (%s), global PR-AUC %.4f; gate: %s", job_id, reg["model_name"],
+                reg["version"], reg["alias"], global_metrics.get("pr_auc", float("nan")), decision["reason"])
     return summary
+
+
+def _numbers(m: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in m.items() if isinstance(v, int | float)}
 
 
 def _check_quorum(phase: str, ok: list[str], bad: dict[str, str], min_sites: int, audit: AuditLog,

@@ -228,6 +228,10 @@ def _print_summary(s: dict[str, Any]) -> None:
     m = s["model"]
     console.print(f"registered [bold]{m['model_name']}[/bold] version [bold]{m['version']}[/bold] "
                   f"with alias [bold]{m['alias']}[/bold] (MLflow run {m['run_id']})")
+    gate = m.get("gate", {})
+    if gate:
+        console.print(f"gate {'[green]passed[/green]' if gate['passed'] else '[yellow]failed[/yellow]'}: "
+                      f"{gate['reason']} (champion: v{gate['champion']})")
     console.print(f"bytes that crossed a border: {s['bytes_crossed']:,} (model weights, updates, aggregate "
                   f"statistics, metrics); raw data that stayed in its region: {s['raw_bytes']:,} bytes; rows moved: 0")
 

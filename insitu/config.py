@@ -235,6 +235,15 @@ class SplitConfig(_Strict):
         return self
 
 
+class GateConfig(_Strict):
+    """When a candidate replaces the champion (see insitu/gate.py)."""
+
+    primary_metric: Literal["pr_auc", "roc_auc"] = "pr_auc"
+    margin: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    max_site_drop: Annotated[float, Field(ge=0.0, le=1.0)] = 0.05
+    absolute_floor: Annotated[float, Field(ge=0.0, le=1.0)] = 0.05
+
+
 class RegistryConfig(_Strict):
     model_name: Annotated[str, Field(min_length=1)] = "insitu-fraud"
 
@@ -252,6 +261,7 @@ class TrainingConfig(_Strict):
     federation: FederationConfig = FederationConfig()
     split: SplitConfig = SplitConfig()
     registry: RegistryConfig = RegistryConfig()
+    gate: GateConfig = GateConfig()
 
     @field_validator("aggregator")
     @classmethod

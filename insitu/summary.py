@@ -58,6 +58,9 @@ def summary_markdown(s: dict[str, Any]) -> str:
         f"Model **{s['model']['model_name']}** version **{s['model']['version']}** → alias "
         f"`{s['model']['alias']}`; {s['rounds']} federated rounds; config `{s['config_hash']}`.",
         "",
+        f"Gate: **{'passed' if s['model'].get('gate', {}).get('passed') else 'failed'}** — "
+        f"{s['model'].get('gate', {}).get('reason', 'n/a')}",
+        "",
         "| site | rows prepared | quarantined | unreadable shards | rounds | PR-AUC | ROC-AUC | test rows "
         "| bytes to exchange |",
         "|---|---:|---:|---|---:|---:|---:|---:|---:|",

@@ -13,15 +13,25 @@ from insitu.metrics import binary_metrics
 from insitu.models.fraud_mlp import build_model
 from tasks.context import SiteContext
 
+BINS = 100
 
-def score(model: nn.Module, x: np.ndarray, y: np.ndarray, pos_weight: float) -> dict[str, float]:
+
+def score(model: nn.Module, x: np.ndarray, y: np.ndarray, pos_weight: float) -> dict[str, Any]:
+    """Metrics, plus per-class histograms of the scores: aggregates from which the coordinator can draw
+    a global PR curve without ever seeing a row's score."""
     model.eval()
     with torch.no_grad():
         logits = model(torch.from_numpy(x))
         loss = nn.functional.binary_cross_entropy_with_logits(
             logits, torch.from_numpy(y), pos_weight=torch.tensor(pos_weight)
         )
-    return binary_metrics(y, torch.sigmoid(logits).numpy(), float(loss))
+    p = torch.sigmoid(logits).numpy()
+    edges = np.linspace(0.0, 1.0, BINS + 1)
+    return {
+        **binary_metrics(y, p, float(loss)),
+        "hist_pos": np.histogram(p[y == 1], bins=edges)[0].tolist(),
+        "hist_neg": np.histogram(p[y == 0], bins=edges)[0].tolist(),
+    }
 
 
 @task(retries=1, task_run_name="evaluate-{ctx.site}-{name}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,9 @@ def register_model(
         out = model(torch.from_numpy(example)).numpy()
     signature = infer_signature(example, out)
     name = conf.training.registry.model_name
-    with mlflow.start_run(run_id=runs["parent"]):
+    active = mlflow.active_run()
+    ctx = nullcontext() if active and active.info.run_id == runs["parent"] else mlflow.start_run(run_id=runs["parent"])
+    with ctx:
         info = mlflow.pytorch.log_model(model, name="model", signature=signature, input_example=example,
                                         serialization_format="pickle", registered_model_name=name)
     version = str(info.registered_model_version)
@@ -112,8 +115,120 @@ def register_model(
     for k, v in global_metrics.items():
         if not np.isnan(v):
             client.set_model_version_tag(name, version, f"global_test_{k}", f"{v:.6f}")
+    for s, m in site_metrics.items():
+        for k in ("pr_auc", "roc_auc"):
+            if k in m and not np.isnan(m[k]):
+                client.set_model_version_tag(name, version, f"site_{s}_test_{k}", f"{m[k]:.6f}")
     client.set_registered_model_alias(name, "challenger", version)
-    for run_id in runs.values():
-        client.set_terminated(run_id, "FINISHED")
     logger.info("registered %s version %s, alias challenger", name, version)
     return {"model_name": name, "version": version, "alias": "challenger", "run_id": runs["parent"]}
+
+
+@task(task_run_name="load-champion")
+def load_champion(conf: Conf, features: list[str]) -> dict[str, Any] | None:
+    """The current champion's version and weights, if there is one with the same features."""
+    logger = get_run_logger()
+    client = MlflowClient()
+    name = conf.training.registry.model_name
+    try:
+        mv = client.get_model_version_by_alias(name, "champion")
+    except mlflow.exceptions.MlflowException:
+        logger.info("no champion of %s yet", name)
+        return None
+    if mv.tags.get("features") != ",".join(features):
+        logger.warning("champion v%s was trained on other features; it cannot be compared", mv.version)
+        return None
+    model = mlflow.pytorch.load_model(f"models:/{name}/{mv.version}", map_location="cpu")
+    return {"version": str(mv.version), "state": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
+
+
+def _recorded_metrics(mv: Any, metric: str) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """A version's global and per-site test metric from its tags (written at registration)."""
+    glob = {metric: float(mv.tags.get(f"global_test_{metric}", "nan"))}
+    sites = {}
+    for k, v in mv.tags.items():
+        if k.startswith("site_") and k.endswith(f"_test_{metric}"):
+            sites[k[len("site_"): -len(f"_test_{metric}")]] = {metric: float(v)}
+    return glob, sites
+
+
+@task(task_run_name="gate-and-promote-{job_id}")
+def gate_and_promote(
+    conf: Conf,
+    job_id: str,
+    version: str,
+    candidate_global: dict[str, float],
+    candidate_sites: dict[str, dict[str, float]],
+    champion: dict[str, Any] | None,
+    champion_global: dict[str, float] | None,
+    champion_sites: dict[str, dict[str, float]] | None,
+) -> dict[str, Any]:
+    """Decide and move the aliases, holding the registry lock so that concurrent jobs stay consistent.
+
+    Inside the lock the current champion is read again; if another job promoted a different version
+    since this job evaluated, the candidate is compared with that version's recorded metrics instead.
+    """
+    from prefect.concurrency.sync import concurrency
+
+    from insitu.gate import decide
+
+    logger = get_run_logger()
+    client = MlflowClient()
+    name = conf.training.registry.model_name
+    gate = conf.training.gate
+    with concurrency(registry_lock_name(name), occupy=1, timeout_seconds=600, strict=True):
+        try:
+            current = client.get_model_version_by_alias(name, "champion")
+        except mlflow.exceptions.MlflowException:
+            current = None
+        evaluated = champion["version"] if champion else None
+        if current is not None and str(current.version) != evaluated:
+            logger.warning("champion moved to v%s since this job evaluated v%s; comparing with its recorded "
+                           "metrics", current.version, evaluated)
+            champion_global, champion_sites = _recorded_metrics(current, gate.primary_metric)
+        elif current is None:
+            champion_global, champion_sites = None, None
+        decision = decide(gate, candidate_global, candidate_sites, champion_global, champion_sites)
+        client.set_model_version_tag(name, version, "gate", "passed" if decision.passed else "failed")
+        client.set_model_version_tag(name, version, "gate_reason", decision.reason)
+        if decision.passed:
+            client.set_registered_model_alias(name, "champion", version)
+            # The previous champion keeps its version; `challenger` stays on the newest candidate.
+    logger.info("gate %s for %s v%s: %s", "PASSED" if decision.passed else "FAILED", name, version,
+                decision.reason)
+    return {**decision.as_dict(), "version": version,
+            "previous_champion": str(current.version) if current is not None else None,
+            "champion": version if decision.passed else (str(current.version) if current is not None else None)}
+
+
+def registry_lock_name(model_name: str) -> str:
+    return f"insitu-registry-{model_name}"
+
+
+@task(task_run_name="mlflow-figures")
+def log_figures(
+    parent_run_id: str, evaluated: dict[str, dict[str, Any]], site_metrics: dict[str, dict[str, float]]
+) -> None:
+    """PR curves (per site and global, from score histograms) and a per-site metrics bar chart."""
+    import matplotlib.pyplot as plt
+
+    from insitu.plots import pr_curve_figure, site_metrics_figure
+
+    curves = {s: (m["hist_pos"], m["hist_neg"]) for s, m in evaluated.items() if "hist_pos" in m}
+    if curves:
+        pos = np.sum([c[0] for c in curves.values()], axis=0)
+        neg = np.sum([c[1] for c in curves.values()], axis=0)
+        fig = pr_curve_figure({**curves, "global": (pos, neg)})
+        MlflowClient().log_figure(parent_run_id, fig, "plots/pr_curve.png")
+        plt.close(fig)
+    fig = site_metrics_figure(site_metrics, ["roc_auc", "pr_auc"])
+    MlflowClient().log_figure(parent_run_id, fig, "plots/site_metrics.png")
+    plt.close(fig)
+
+
+def finish_runs(runs: dict[str, str], decision: dict[str, Any]) -> None:
+    client = MlflowClient()
+    client.set_tag(runs["parent"], "gate", "passed" if decision["passed"] else "failed")
+    client.set_tag(runs["parent"], "gate_reason", decision["reason"])
+    for run_id in runs.values():
+        client.set_terminated(run_id, "FINISHED")

@@ -59,12 +59,19 @@ def test_model_registered_with_challenger_alias_and_metrics(deployed: Platform, 
     client = MlflowClient(deployed.mlflow_url)
     mv = client.get_model_version_by_alias("insitu-fraud", "challenger")
     assert mv.tags["job_id"] == job["job_id"]
+    # the first model ever becomes champion when it meets the absolute floor
+    assert mv.tags["gate"] == "passed", mv.tags.get("gate_reason")
+    assert client.get_model_version_by_alias("insitu-fraud", "champion").version == mv.version
     assert set(mv.tags["sites"].split(",")) == {"eu", "us", "apac"}
     assert mv.tags["config_hash"] and mv.tags["code_version"]
     run = client.get_run(mv.run_id)
     assert 0.5 < run.data.metrics["global_test_roc_auc"] <= 1.0
     for site in ("eu", "us", "apac"):
         assert f"{site}_test_pr_auc" in run.data.metrics
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    assert {"plots/pr_curve.png", "plots/site_metrics.png"} <= artifacts
+    assert run.data.params["strategy"] == "ddp" and run.data.params["ranks_per_site"] == "2"
+    assert any(k.startswith("system/") for k in run.data.metrics), sorted(run.data.metrics)
     children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
     assert {c.data.tags["site"] for c in children} == {"eu", "us", "apac"}
     for c in children:
@@ -83,7 +90,7 @@ def test_audit_logs_verify_and_record_every_read(deployed: Platform, job: dict[s
         assert {e["fields"].get("shard") for e in reads} >= set(shards)
         assert all(e["fields"]["flow_run_id"] for e in reads)
     events = [e["event"] for e in read_events(deployed.audit_log("coordinator"))]
-    assert "model.registered" in events
+    assert "model.registered" in events and "model.gate" in events
 
 
 def test_exchange_holds_no_row_level_data(deployed: Platform, job: dict[str, Any]) -> None:

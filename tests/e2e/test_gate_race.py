@@ -1,0 +1,71 @@
+"""Two jobs finishing at once must not leave the registry aliases inconsistent."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+import mlflow
+import pytest
+from mlflow.tracking import MlflowClient
+from prefect import flow
+
+from deployments.deploy import ensure_registry_lock
+from insitu.config import load_conf
+from insitu.stack import Platform
+from tasks.registry import gate_and_promote
+
+pytestmark = pytest.mark.e2e
+
+
+def _version(client: MlflowClient, name: str, pr_auc: float) -> str:
+    with mlflow.start_run() as run:
+        mlflow.log_text("weights would be here", "model/README.txt")
+    mv = client.create_model_version(name, f"runs:/{run.info.run_id}/model", run.info.run_id)
+    client.set_model_version_tag(name, mv.version, "global_test_pr_auc", str(pr_auc))
+    client.set_model_version_tag(name, mv.version, "site_eu_test_pr_auc", str(pr_auc))
+    return str(mv.version)
+
+
+@flow
+def promote(conf: Any, version: str, pr_auc: float, champion_version: str) -> dict[str, Any]:
+    # Both candidates were evaluated against the same (soon stale) champion, v1 at PR-AUC 0.30.
+    return gate_and_promote(conf, f"job-{version}", version, {"pr_auc": pr_auc}, {"eu": {"pr_auc": pr_auc}},
+                            {"version": champion_version}, {"pr_auc": 0.30}, {"eu": {"pr_auc": 0.30}})
+
+
+def _setup(platform: Platform) -> tuple[Any, MlflowClient, str, str, str, str]:
+    name = f"race-{uuid.uuid4().hex[:6]}"
+    ensure_registry_lock(name)
+    conf = load_conf("fraud", directory=platform.conf_dir, overrides={"registry": {"model_name": name}})
+    client = MlflowClient(platform.mlflow_url)
+    mlflow.set_tracking_uri(platform.mlflow_url)
+    client.create_registered_model(name)
+    v1 = _version(client, name, 0.30)
+    client.set_registered_model_alias(name, "champion", v1)
+    return conf, client, name, v1, _version(client, name, 0.50), _version(client, name, 0.40)
+
+
+def test_stale_candidate_is_judged_against_the_new_champion(platform: Platform) -> None:
+    conf, client, name, v1, better, worse = _setup(platform)
+    assert promote(conf, better, 0.50, v1)["passed"]
+    d = promote(conf, worse, 0.40, v1)  # it beat v1, but v(better) is champion now
+    assert not d["passed"] and d["previous_champion"] == better
+    assert client.get_model_version_by_alias(name, "champion").version == better
+    assert client.get_model_version(name, worse).tags["gate"] == "failed"
+
+
+def test_concurrent_promotions_leave_the_best_as_champion(platform: Platform) -> None:
+    for _ in range(2):
+        conf, client, name, v1, better, worse = _setup(platform)
+        results: dict[str, dict[str, Any]] = {}
+        threads = [threading.Thread(target=lambda v=v, m=m: results.__setitem__(v, promote(conf, v, m, v1)))
+                   for v, m in ((worse, 0.40), (better, 0.50))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert set(results) == {better, worse}
+        assert client.get_model_version_by_alias(name, "champion").version == better
+        assert results[better]["passed"]
