@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from insitu.plots import pr_curve_from_histograms, pr_curve_figure, site_metrics_figure
+from insitu.plots import pr_curve_figure, pr_curve_from_histograms, site_metrics_figure
 
 
 def test_pr_curve_from_histograms_matches_exact_counts() -> None:
