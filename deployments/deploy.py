@@ -12,11 +12,16 @@ import logging
 from pathlib import Path
 
 from prefect import Flow
+from prefect.schedules import Cron
 
 from insitu.config import SitesConfig, load_training
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
+# Recurring retraining: Mondays 03:00 in the coordinator's timezone, with the default parameters.
+WEEKLY_CRON = "0 3 * * 1"
+SCHEDULE_TIMEZONE = "Europe/Berlin"
+DEFAULT_PARAMETERS: dict[str, object] = {"training": "fraud", "dataset": "fraud"}
 SITE_FLOWS = {
     "site-prepare": "flows/site_prepare.py:site_prepare",
     "site-train": "flows/site_train.py:site_train",
@@ -34,9 +39,12 @@ def deploy_all(sites: SitesConfig, source: Path = REPO) -> list[str]:
                             description=f"{flow_name} on site {s.name}'s own pool").apply()
             names.append(f"{flow_name}/{s.name}")
     f = Flow.from_source(source=str(source), entrypoint="flows/retrain.py:retrain")
-    f.to_deployment(name="coordinator", work_pool_name=sites.coordinator.work_pool, tags=["insitu", "coordinator"],
-                    description="Federated retraining across all sites: plan, prepare, train, evaluate, register.",
-                    ).apply()
+    f.to_deployment(
+        name="coordinator", work_pool_name=sites.coordinator.work_pool, tags=["insitu", "coordinator"],
+        description="Federated retraining across all sites: plan, prepare, train, evaluate, gate, register.",
+        parameters={"params": DEFAULT_PARAMETERS},
+        schedules=[Cron(WEEKLY_CRON, timezone=SCHEDULE_TIMEZONE, active=True)],
+    ).apply()
     names.append("retrain/coordinator")
     for cfg in sorted((source / "conf" / "training").glob("*.yaml")):
         ensure_registry_lock(load_training(cfg).registry.model_name)

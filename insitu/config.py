@@ -235,6 +235,13 @@ class SplitConfig(_Strict):
         return self
 
 
+class CheckpointConfig(_Strict):
+    """In-site checkpoints (torch.distributed.checkpoint) to the site's store."""
+
+    enabled: bool = True
+    every_steps: Annotated[int, Field(ge=0)] = 0  # 0: at the end of every local epoch only
+
+
 class GateConfig(_Strict):
     """When a candidate replaces the champion (see insitu/gate.py)."""
 
@@ -262,6 +269,7 @@ class TrainingConfig(_Strict):
     split: SplitConfig = SplitConfig()
     registry: RegistryConfig = RegistryConfig()
     gate: GateConfig = GateConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
 
     @field_validator("aggregator")
     @classmethod

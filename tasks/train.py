@@ -8,7 +8,7 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from insitu.federated.rounds import round_name
-from insitu.parallel import DataRef, TrainSpec, train_site
+from insitu.parallel import CheckpointRef, DataRef, TrainSpec, train_site
 from tasks.context import SiteContext
 
 
@@ -18,9 +18,13 @@ def train_round(ctx: SiteContext, rnd: int, n_features: int, pos_weight: float) 
     logger = get_run_logger()
     t = ctx.conf.training
     state, manifest = ctx.exchange.get_state("weights", round_name(rnd), writer="coordinator")
+    job_id = ctx.exchange.job_id
+    # A retry of this task (or a re-run of the job) resumes from the round's newest checkpoint.
+    ckpt = CheckpointRef(ctx.store, f"checkpoints/{job_id}/{round_name(rnd)}", t.checkpoint.every_steps) \
+        if t.checkpoint.enabled else None
     spec = TrainSpec(training=t, n_features=n_features, state=state, pos_weight=pos_weight,
-                     seed=t.seed * 1000 + rnd,
-                     data=DataRef(ctx.store, ctx.conf.dataset_name, ctx.exchange.job_id, "train"))
+                     seed=t.seed * 1000 + rnd, data=DataRef(ctx.store, ctx.conf.dataset_name, job_id, "train"),
+                     checkpoint=ckpt)
     address = os.environ.get(ctx.conf.sites.site(ctx.site).dask.scheduler_env)
     result = train_site(spec, address)
     published = ctx.exchange.put_state(
@@ -28,7 +32,7 @@ def train_round(ctx: SiteContext, rnd: int, n_features: int, pos_weight: float) 
         base_sha256=manifest["sha256"], metrics=result.metrics,
     )
     logger.info("site=%s round=%d strategy=%s ranks=%d samples=%d train_loss=%.4f samples/s=%.0f comm=%.3fs "
-                "update=%dB", ctx.site, rnd, t.strategy, t.ranks_per_site, result.n_samples,
+                "resumed_from_step=%d update=%dB", ctx.site, rnd, t.strategy, t.ranks_per_site, result.n_samples,
                 result.metrics["train_loss"], result.metrics["samples_per_s"], result.metrics.get("comm_s", 0.0),
-                published["bytes"])
+                result.metrics.get("resumed_from_step", 0), published["bytes"])
     return published

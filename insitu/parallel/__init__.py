@@ -6,9 +6,9 @@
 
 from __future__ import annotations
 
-from insitu.parallel.types import DataRef, TrainResult, TrainSpec
+from insitu.parallel.types import CheckpointRef, DataRef, TrainResult, TrainSpec
 
-__all__ = ["DataRef", "TrainResult", "TrainSpec", "train_site"]
+__all__ = ["CheckpointRef", "DataRef", "TrainResult", "TrainSpec", "train_site"]
 
 
 def train_site(spec: TrainSpec, dask_address: str | None = None) -> TrainResult:

@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from insitu.data.loader import load_split
 from insitu.models.fraud_mlp import build_model
+from insitu.parallel.checkpoint import Checkpointer
 from insitu.parallel.loop import rank_rows, train_epochs
 from insitu.parallel.types import TrainResult, TrainSpec
 
@@ -69,8 +70,9 @@ def rank_main(rank: int, world: int, spec: TrainSpec) -> TrainResult | None:
             log.info("ddp rank0 step %d loss %.4f step %.4fs comm %.4fs", m["step"], m["loss"], m["step_s"],
                      timer.seconds)
 
+    ckpt = Checkpointer(spec.checkpoint) if spec.checkpoint else None
     metrics = train_epochs(ddp, x[rows], y[rows], spec.training, spec.pos_weight, spec.seed, world,
-                           comm_seconds=lambda: timer.seconds, on_step=log_step)
+                           comm_seconds=lambda: timer.seconds, on_step=log_step, checkpointer=ckpt)
     metrics["ranks"] = float(world)
     n_total = torch.tensor([len(rows)], dtype=torch.long, device=device)
     dist.all_reduce(n_total)

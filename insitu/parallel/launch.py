@@ -23,6 +23,10 @@ class LaunchError(RuntimeError):
     """The site's Dask cluster cannot host the requested ranks."""
 
 
+class RankFailed(RuntimeError):
+    """A rank failed or its worker died; the whole group is torn down (retry to resume)."""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -60,11 +64,16 @@ def launch_on_dask(
     payload: Any,
     timeout_s: float = 600.0,
     key_prefix: str = "rank",
+    worker_wait_s: float = 60.0,
 ) -> list[T]:
     """Run ``fn`` as ``world`` ranks on the cluster at ``address``; returns every rank's result."""
-    from distributed import Client
+    from distributed import Client, as_completed
 
     with Client(address, timeout=30) as client:
+        try:  # a worker that just died is being restarted by its nanny: give it a moment
+            client.wait_for_workers(world, timeout=worker_wait_s)
+        except TimeoutError:
+            pass
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
         if len(workers) < world:
             raise LaunchError(
@@ -80,4 +89,16 @@ def launch_on_dask(
                           allow_other_workers=False, pure=False, key=f"{key_prefix}-{rank}-{port}")
             for rank, w in enumerate(chosen)
         ]
+        # A rank pinned to a worker that dies would wait forever for that worker to return; the other
+        # ranks fail in their next collective. Stop at the first failure and cancel the rest.
+        try:
+            for fut in as_completed(futures, timeout=timeout_s + 60):
+                if fut.status == "error":
+                    first = fut.exception()
+                    client.cancel(futures)
+                    raise RankFailed(f"a rank failed on {address} ({first!r}); the group was torn down, the "
+                                     "round can be retried and resumes from its last checkpoint") from first
+        except TimeoutError as e:
+            client.cancel(futures)
+            raise RankFailed(f"ranks on {address} still running after {timeout_s + 60:.0f}s") from e
         return client.gather(futures)

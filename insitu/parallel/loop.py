@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
 from insitu.config import TrainingConfig
+
+if TYPE_CHECKING:
+    from insitu.parallel.checkpoint import Checkpointer
 
 
 def rank_rows(n: int, rank: int, world: int, seed: int) -> np.ndarray:
@@ -44,22 +48,32 @@ def train_epochs(
     world: int = 1,
     comm_seconds: Callable[[], float] | None = None,
     on_step: Callable[[dict[str, float]], None] | None = None,
+    checkpointer: Checkpointer | None = None,
 ) -> dict[str, float]:
     """Train ``model`` (plain or DDP-wrapped) on this rank's rows for ``cfg.local_epochs`` epochs.
 
-    ``x``/``y`` are this rank's rows already. Returns loss, steps, throughput and communication time.
+    ``x``/``y`` are this rank's rows already. With a ``checkpointer``, resumes from its newest
+    checkpoint and saves one every ``every_steps`` steps and at each epoch's end. Returns loss, steps,
+    throughput, communication time and the step it resumed from.
     """
     torch.manual_seed(seed)
     xt, yt = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
     opt = make_optimizer(model, cfg)
     loss_fn = nn.BCEWithLogitsLoss(pos_weight=torch.tensor(pos_weight))
     local_batch = max(1, cfg.batch_size // world)
+    resumed = checkpointer.restore(model, opt) if checkpointer else None
+    start_epoch, start_batch = (resumed["epoch"], resumed["batch"]) if resumed else (0, 0)
+    global_step = resumed["global_step"] if resumed else 0
+    every = checkpointer.ref.every_steps if checkpointer else 0
     model.train()
     steps, loss_sum, seen, step_time = 0, 0.0, 0, 0.0
     t_start = time.perf_counter()
-    for epoch in range(cfg.local_epochs):
+    for epoch in range(start_epoch, cfg.local_epochs):
         order = torch.from_numpy(np.random.default_rng([seed, epoch]).permutation(len(xt)))
-        for i in range(0, len(order) - local_batch + 1 if world > 1 else len(order), local_batch):
+        starts = list(range(0, len(order) - local_batch + 1 if world > 1 else len(order), local_batch))
+        for b, i in enumerate(starts):
+            if epoch == start_epoch and b < start_batch:
+                continue  # done before the checkpoint we resumed from
             idx = order[i : i + local_batch]
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
@@ -71,8 +85,13 @@ def train_epochs(
             step_time += dt
             loss_sum += float(loss) * len(idx)
             seen += len(idx)
+            global_step += 1
             if on_step is not None:
-                on_step({"step": float(steps), "loss": float(loss), "step_s": dt})
+                on_step({"step": float(global_step), "loss": float(loss), "step_s": dt})
+            end_of_epoch = b == len(starts) - 1
+            if checkpointer and (end_of_epoch or (every and global_step % every == 0)):
+                nxt = (epoch + 1, 0) if end_of_epoch else (epoch, b + 1)
+                checkpointer.save(model, opt, {"epoch": nxt[0], "batch": nxt[1], "global_step": global_step})
     elapsed = time.perf_counter() - t_start
     return {
         "train_loss": loss_sum / max(seen, 1),
@@ -81,4 +100,6 @@ def train_epochs(
         "step_time_s": step_time / max(steps, 1),
         "comm_s": comm_seconds() if comm_seconds else 0.0,
         "train_seconds": elapsed,
+        "resumed_from_step": float(resumed["global_step"]) if resumed else 0.0,
+        "global_steps": float(global_step),
     }

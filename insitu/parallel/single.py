@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from insitu.data.loader import load_split
 from insitu.models.fraud_mlp import build_model
+from insitu.parallel.checkpoint import Checkpointer
 from insitu.parallel.loop import rank_rows, train_epochs
 from insitu.parallel.types import TrainResult, TrainSpec
 
@@ -13,5 +14,6 @@ def train(spec: TrainSpec) -> TrainResult:
     rows = rank_rows(len(y), 0, 1, spec.seed)
     model = build_model(spec.training.model, spec.n_features)
     model.load_state_dict(spec.state)
-    metrics = train_epochs(model, x[rows], y[rows], spec.training, spec.pos_weight, spec.seed)
+    ckpt = Checkpointer(spec.checkpoint) if spec.checkpoint else None
+    metrics = train_epochs(model, x[rows], y[rows], spec.training, spec.pos_weight, spec.seed, checkpointer=ckpt)
     return TrainResult({k: v.detach().clone() for k, v in model.state_dict().items()}, len(rows), metrics)

@@ -23,6 +23,15 @@ class DataRef:
 
 
 @dataclass
+class CheckpointRef:
+    """Where one round's checkpoints go, and how often (0 = at the end of every epoch only)."""
+
+    store: Store
+    prefix: str
+    every_steps: int = 0
+
+
+@dataclass
 class TrainSpec:
     """One local training job: the model to start from, the data, and how to train."""
 
@@ -32,6 +41,7 @@ class TrainSpec:
     data: DataRef
     pos_weight: float
     seed: int
+    checkpoint: CheckpointRef | None = None
 
 
 @dataclass

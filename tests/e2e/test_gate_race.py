@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import uuid
 from typing import Any
@@ -60,7 +61,12 @@ def test_concurrent_promotions_leave_the_best_as_champion(platform: Platform) ->
     for _ in range(2):
         conf, client, name, v1, better, worse = _setup(platform)
         results: dict[str, dict[str, Any]] = {}
-        threads = [threading.Thread(target=lambda v=v, m=m: results.__setitem__(v, promote(conf, v, m, v1)))
+
+        def run(conf: Any, v: str, m: float, v1: str, results: dict[str, dict[str, Any]]) -> None:
+            results[v] = promote(conf, v, m, v1)
+
+        # Each thread gets a copy of this context, so it sees the platform's Prefect settings.
+        threads = [threading.Thread(target=contextvars.copy_context().run, args=(run, conf, v, m, v1, results))
                    for v, m in ((worse, 0.40), (better, 0.50))]
         for t in threads:
             t.start()

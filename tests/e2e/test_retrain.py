@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 import pandas as pd
@@ -12,7 +13,6 @@ import s3fs
 from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, LogFilter, LogFilterFlowRunId
-from prefect.deployments import run_deployment
 
 from insitu.governance.audit import read_events, verify
 from insitu.stack import Platform
@@ -29,10 +29,32 @@ def _fs(p: Platform, owner: str) -> s3fs.S3FileSystem:
 
 @pytest.fixture(scope="module")
 def job(deployed: Platform) -> dict[str, Any]:
-    job_id = "e2e-retrain"
-    fr = run_deployment("retrain/coordinator", parameters={"params": {"job_id": job_id, "rounds": 2}},
-                        timeout=1500, poll_interval=2)
-    return {"flow_run": fr, "job_id": job_id}
+    """A run created from the deployment with its default parameters: what the weekly schedule creates."""
+    with get_client(sync_client=True) as c:
+        dep = c.read_deployment_by_name("retrain/coordinator")
+        created = c.create_flow_run_from_deployment(dep.id)  # no parameters: the deployment's defaults
+    fr = _wait(created.id, 1500)
+    jobs = [p.rsplit("/", 1)[-1] for p in _fs(deployed, "exchange").ls("insitu-exchange/jobs")]
+    (job_id,) = [j for j in jobs if not j.startswith("e2e-")]
+    return {"flow_run": fr, "job_id": job_id, "rounds": 5}
+
+
+def _wait(flow_run_id: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as c:
+        while True:
+            fr = c.read_flow_run(flow_run_id)
+            if (fr.state and fr.state.is_final()) or time.monotonic() > deadline:
+                return fr
+            time.sleep(2)
+
+
+def test_weekly_schedule_with_explicit_timezone(deployed: Platform) -> None:
+    with get_client(sync_client=True) as c:
+        dep = c.read_deployment_by_name("retrain/coordinator")
+    (sched,) = dep.schedules
+    assert sched.active and sched.schedule.cron == "0 3 * * 1" and sched.schedule.timezone == "Europe/Berlin"
+    assert dep.parameters == {"params": {"training": "fraud", "dataset": "fraud"}}
 
 
 def test_retrain_completes(job: dict[str, Any]) -> None:
@@ -76,7 +98,7 @@ def test_model_registered_with_challenger_alias_and_metrics(deployed: Platform, 
     assert {c.data.tags["site"] for c in children} == {"eu", "us", "apac"}
     for c in children:
         hist = client.get_metric_history(c.info.run_id, "train_loss")
-        assert [m.step for m in hist] == [0, 1]
+        assert [m.step for m in hist] == list(range(job["rounds"]))
 
 
 def test_audit_logs_verify_and_record_every_read(deployed: Platform, job: dict[str, Any]) -> None:
