@@ -66,7 +66,7 @@ def train_epochs(
     global_step = resumed["global_step"] if resumed else 0
     every = checkpointer.ref.every_steps if checkpointer else 0
     model.train()
-    steps, loss_sum, seen, step_time = 0, 0.0, 0, 0.0
+    steps, loss_sum, seen, step_time, ckpt_s = 0, 0.0, 0, 0.0, 0.0
     t_start = time.perf_counter()
     for epoch in range(start_epoch, cfg.local_epochs):
         order = torch.from_numpy(np.random.default_rng([seed, epoch]).permutation(len(xt)))
@@ -83,16 +83,22 @@ def train_epochs(
             dt = time.perf_counter() - t0
             steps += 1
             step_time += dt
-            loss_sum += float(loss) * len(idx)
+            lv = loss.item()
+            loss_sum += lv * len(idx)
             seen += len(idx)
             global_step += 1
             if on_step is not None:
-                on_step({"step": float(global_step), "loss": float(loss), "step_s": dt})
+                on_step({"step": float(global_step), "loss": lv, "step_s": dt})
             end_of_epoch = b == len(starts) - 1
-            if checkpointer and (end_of_epoch or (every and global_step % every == 0)):
+            # No checkpoint after the last step: the round's result is published right after, and a
+            # re-run skips rounds whose update is already on the exchange.
+            last = end_of_epoch and epoch == cfg.local_epochs - 1
+            if checkpointer and not last and (end_of_epoch or (every and global_step % every == 0)):
                 nxt = (epoch + 1, 0) if end_of_epoch else (epoch, b + 1)
+                c0 = time.perf_counter()
                 checkpointer.save(model, opt, {"epoch": nxt[0], "batch": nxt[1], "global_step": global_step})
-    elapsed = time.perf_counter() - t_start
+                ckpt_s += time.perf_counter() - c0
+    elapsed = time.perf_counter() - t_start - ckpt_s
     return {
         "train_loss": loss_sum / max(seen, 1),
         "steps": float(steps),
@@ -100,6 +106,7 @@ def train_epochs(
         "step_time_s": step_time / max(steps, 1),
         "comm_s": comm_seconds() if comm_seconds else 0.0,
         "train_seconds": elapsed,
+        "checkpoint_s": ckpt_s,
         "resumed_from_step": float(resumed["global_step"]) if resumed else 0.0,
         "global_steps": float(global_step),
     }

@@ -1,0 +1,64 @@
+"""Users trigger runs from the Prefect UI: open the retrain deployment, fill the form, submit, it completes.
+
+Drives Debian's Chromium (headless) with Playwright; `.ci/run` installs Chromium.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
+
+from insitu.stack import Platform
+
+pytestmark = pytest.mark.e2e
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+
+
+def test_custom_run_from_the_ui_form_completes(deployed: Platform, tmp_path: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), "Chromium is required (apt-get install chromium; .ci/run does it)"
+    with get_client(sync_client=True) as c:
+        dep = c.read_deployment_by_name("retrain/coordinator")
+    job_id = f"ui-{uuid.uuid4().hex[:6]}"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{deployed.prefect_ui_url}/deployments/deployment/{dep.id}", wait_until="networkidle")
+            page.get_by_role("button", name="Run", exact=True).click()
+            page.get_by_text("Custom run", exact=True).click()
+            page.wait_for_url(re.compile(r"/run(\?|$)"), timeout=30_000)
+            # the pydantic RetrainParams model is rendered as a validated form
+            for label in ("Training (Optional)", "Rounds (Optional)", "Local Epochs (Optional)"):
+                page.wait_for_selector(f"text={label}", state="visible", timeout=15_000)
+            page.get_by_role("button", name="str", exact=True).first.click()   # Job Id: set a string
+            page.get_by_role("button", name="int", exact=True).first.click()   # Rounds: set an int
+            page.locator("textarea").nth(2).fill(job_id)
+            page.locator("input[type=number]").first.fill("1")
+            page.screenshot(path=str(tmp_path / "form.png"), full_page=True)
+            page.get_by_role("button", name="Submit").click()
+            page.wait_for_url("**/runs/flow-run/**", timeout=60_000)
+            run_id = page.url.rstrip("/").rsplit("/", 1)[-1]
+        finally:
+            browser.close()
+    deadline = time.monotonic() + 1200
+    with get_client(sync_client=True) as c:
+        while True:
+            fr = c.read_flow_run(run_id)
+            if fr.state and fr.state.is_final() or time.monotonic() > deadline:
+                break
+            time.sleep(3)
+        runs = c.read_flow_runs(flow_run_filter=FlowRunFilter(deployment_id=FlowRunFilterDeploymentId(any_=[dep.id])))
+    assert fr.parameters["params"]["job_id"] == job_id and fr.parameters["params"]["rounds"] == 1
+    assert fr.state.is_completed(), fr.state.message
+    assert any(r.id == fr.id for r in runs)
