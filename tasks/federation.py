@@ -38,6 +38,8 @@ def publish_global_stats(ex: Exchange, conf: Conf, sites: list[str]) -> dict[str
 
 @task(task_run_name="initial-weights")
 def publish_initial_weights(ex: Exchange, conf: Conf, norm: dict[str, Any]) -> dict[str, Any]:
+    if ex.exists("weights", f"{round_name(0)}.manifest.json"):  # a re-run of the same job keeps its start
+        return ex.get_json("weights", f"{round_name(0)}.manifest.json")
     torch.manual_seed(conf.training.seed)
     model = build_model(conf.training.model, len(norm["mean"]), norm["mean"], norm["std"])
     return ex.put_state("weights", round_name(0), model.state_dict(), round=0)
@@ -57,5 +59,6 @@ def aggregate_round(
     if res.missing:
         logger.warning("round %d: no update from %s within %.0fs; skipped for this round", rnd, res.missing,
                        deadline_s)
-    logger.info("round %d aggregated from %s (%d samples)", rnd, res.sites, res.n_samples)
+    logger.info("round %d %s from %s (%d samples)", rnd, "already aggregated (resumed job)" if res.resumed
+                else "aggregated", res.sites, res.n_samples)
     return res.as_dict()

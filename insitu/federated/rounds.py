@@ -29,10 +29,11 @@ class RoundResult:
     missing: list[str]
     n_samples: int
     site_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    resumed: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {"round": self.round, "sites": self.sites, "missing": self.missing, "n_samples": self.n_samples,
-                "site_metrics": self.site_metrics}
+                "site_metrics": self.site_metrics, "resumed": self.resumed}
 
 
 def collect_updates(
@@ -75,6 +76,12 @@ def run_round(
     QuorumError
         When fewer than ``min_sites`` updates arrived; the message names the missing sites.
     """
+    done = f"{round_name(rnd + 1)}.manifest.json"
+    if ex.exists("weights", done, writer="coordinator"):
+        # A re-run of the same job: this round was aggregated before; artefacts are idempotent.
+        man = ex.get_json("weights", done, writer="coordinator")
+        return RoundResult(rnd, list(man["sites"]), [s for s in sites if s not in man["sites"]],
+                           int(man["n_samples"]), {}, resumed=True)
     arrived, missing = collect_updates(ex, rnd, sites, deadline_s, is_alive)
     if missing:
         log.warning("round %d: no update from %s within %.0fs; skipped for this round", rnd, missing, deadline_s)

@@ -49,3 +49,15 @@ def test_does_not_wait_for_sites_whose_run_ended(tmp_path: Path) -> None:
                                        is_alive=lambda s: False)
     assert (arrived, missing) == (["eu"], ["us"])
     assert time.monotonic() - t0 < 5
+
+
+def test_rerun_of_a_job_reuses_an_aggregated_round(tmp_path: Path) -> None:
+    _publish(tmp_path, "eu", 0, 1.0, 100)
+    _publish(tmp_path, "us", 0, 3.0, 300)
+    coord = _exchange(tmp_path, "coordinator")
+    first = run_round(coord, 0, ["eu", "us"], min_sites=2, deadline_s=1)
+    before = coord.get_bytes("weights", f"{round_name(1)}.pt")
+    again = run_round(coord, 0, ["eu", "us", "apac"], min_sites=2, deadline_s=30)  # would wait for apac
+    assert again.resumed and not first.resumed
+    assert again.sites == ["eu", "us"] and again.n_samples == 400 and again.missing == ["apac"]
+    assert coord.get_bytes("weights", f"{round_name(1)}.pt") == before

@@ -1,0 +1,31 @@
+"""The benchmarks run (at a tiny size): CI proves they work; the numbers in the README come from full runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(script: str, *args: str, tmp: Path) -> object:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)}
+    out = subprocess.run([sys.executable, str(REPO / "bench" / script), *args], env=env, capture_output=True,
+                         text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_ddp_overhead_prints_a_ratio(tmp_path: Path) -> None:
+    r = _run("ddp_overhead.py", "--rows", "4000", "--epochs", "1", "--repeat", "1", tmp=tmp_path)
+    assert r["insitu_samples_per_s"] > 0 and r["bare_torchrun_samples_per_s"] > 0
+    assert 0 < r["throughput_ratio"] < 10
+
+
+def test_prep_throughput_prints_ratio_and_growth(tmp_path: Path) -> None:
+    r = _run("prep_throughput.py", "--rows", "2000", "--shards", "2", "--scales", "1,2", tmp=tmp_path)
+    assert [x["rows"] for x in r] == [2000, 4000]
+    assert all(x["dask_rows_per_s"] > 0 and x["pandas_rows_per_s"] > 0 for x in r)
