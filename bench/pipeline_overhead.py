@@ -32,7 +32,7 @@ def analyse(flow_run_id: str) -> dict[str, Any]:
         kids = c.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=job)))
         ids = [k.id for k in kids] + [top.id]
         tasks = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)),
-                                 task_run_filter=TaskRunFilter(), limit=1000)
+                                 task_run_filter=TaskRunFilter(), limit=200)
     dur = {t.name: t.total_run_time.total_seconds() for t in tasks}
     end = {t.name: t.end_time for t in tasks}
     out: dict[str, Any] = {"job_id": job, "wall_s": (top.end_time - top.start_time).total_seconds(), "phases": {}}

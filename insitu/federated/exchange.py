@@ -144,7 +144,7 @@ class Exchange:
         return state_from_bytes(data), manifest
 
     def wait_for(
-        self, kind: str, name: str, writer: str | None = None, timeout: float = 600.0, poll: float = 0.2
+        self, kind: str, name: str, writer: str | None = None, timeout: float = 600.0, poll: float = 0.5
     ) -> bool:
         """Wait until an artefact exists; False on timeout."""
         deadline = time.monotonic() + timeout

@@ -42,7 +42,8 @@ def collect_updates(
     sites: list[str],
     deadline_s: float,
     is_alive: Callable[[str], bool] | None = None,
-    poll: float = 0.2,
+    poll: float = 0.25,
+    alive_every_s: float = 3.0,
 ) -> tuple[list[str], list[str]]:
     """Wait until every site published round ``rnd``, the deadline passes, or the rest are gone.
 
@@ -50,14 +51,21 @@ def collect_updates(
     """
     name = round_name(rnd)
     deadline = time.monotonic() + deadline_s
+    next_liveness = time.monotonic()
+    arrived: list[str] = []
     while True:
-        arrived = [s for s in sites if ex.exists("update", f"{name}.manifest.json", writer=s)]
+        arrived = arrived + [s for s in sites if s not in arrived
+                             and ex.exists("update", f"{name}.manifest.json", writer=s)]
         pending = [s for s in sites if s not in arrived]
         if not pending or time.monotonic() >= deadline:
             break
-        if is_alive is not None and not any(is_alive(s) for s in pending):
-            break
+        # Asking the orchestrator whether a site's run ended is costlier than a HEAD on the exchange.
+        if is_alive is not None and time.monotonic() >= next_liveness:
+            if not any(is_alive(s) for s in pending):
+                break
+            next_liveness = time.monotonic() + alive_every_s
         time.sleep(poll)
+    arrived = [s for s in sites if s in arrived]
     return arrived, [s for s in sites if s not in arrived]
 
 
