@@ -42,6 +42,8 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
+    # As on the platform's site workers (insitu/stack.py): no Dask profiler sampling the training thread.
+    os.environ["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] = "False"
     tmp = Path(tempfile.mkdtemp(prefix="insitu-bench-"))
     write_prepared(tmp, args.rows, args.features)
     cfg = TrainingConfig.model_validate({

@@ -8,6 +8,7 @@ comm hook that wraps the default all-reduce.
 # No `from __future__ import annotations`: DDP checks the comm hook's annotations at runtime.
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -50,7 +51,9 @@ def parallelize(model: nn.Module, device: torch.device | None = None) -> tuple[n
     timer = CommTimer()
     ids = [device.index] if device is not None and device.type == "cuda" else None
     ddp = DistributedDataParallel(model, device_ids=ids)
-    ddp.register_comm_hook(None, timer.hook)
+    # INSITU_DDP_COMM_TIMING=0 skips the timing hook (DDP's C++ all-reduce path; comm_s is then 0).
+    if os.environ.get("INSITU_DDP_COMM_TIMING", "1") != "0":
+        ddp.register_comm_hook(None, timer.hook)
     return ddp, timer
 
 
