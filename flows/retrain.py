@@ -91,18 +91,28 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
     # System metrics (CPU, memory) of the coordinator are recorded on the parent run while it is active.
     with mlflow.start_run(run_id=mlruns["parent"], log_system_metrics=True):
         # ---- train: one long-lived site-train run per site; rounds exchange through the exchange
-        ids = start_site_runs("site-train", {s: common for s in sites})
+        ex.delete("control", "abort.json")  # a re-run of an aborted job starts clean
+        # Sites wait for each round's weights a little longer than the coordinator waits for them.
+        wait_s = 2 * t.federation.round_deadline_s + 300
+        ids = start_site_runs("site-train", {s: {**common, "wait_timeout_s": wait_s} for s in sites})
 
         def alive(site: str) -> bool:
             st = run_states({site: ids[site]})[site].state
             return not (st and st.is_final())
 
         rounds = []
-        for rnd in range(t.rounds):
-            result = aggregate_round(ex, rnd, sites, t.federation.min_sites, t.federation.round_deadline_s, alive)
-            log_round(mlruns, rnd, result)
-            rounds.append(result)
-            update_progress_artifact(progress, progress=100.0 * (rnd + 1) / t.rounds)
+        try:
+            for rnd in range(t.rounds):
+                result = aggregate_round(ex, rnd, sites, t.federation.min_sites, t.federation.round_deadline_s,
+                                         alive)
+                log_round(mlruns, rnd, result)
+                rounds.append(result)
+                update_progress_artifact(progress, progress=100.0 * (rnd + 1) / t.rounds)
+        except Exception as e:
+            # Tell the sites to stop waiting for weights that will not come, and free their workers.
+            ex.put_json("control", "abort.json", {"reason": f"{type(e).__name__}: {e}"})
+            audit.append("job.failed", job_id=job_id, phase="train", reason=str(e))
+            raise
         runs = wait_for_runs(ids, params.phase_timeout_s)
         for s, why in failed(runs).items():
             logger.warning("site-train on %s did not complete: %s", s, why)
@@ -126,7 +136,10 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
         champ_global = weighted_global(champ_sites) if champ_sites else None
 
         # ---- register, gate, promote
-        state, _ = ex.get_state("weights", final, writer="coordinator")
+        state, man = ex.get_state("weights", final, writer="coordinator")
+        if rounds and man["sha256"] != rounds[-1]["sha256"]:
+            raise RuntimeError(f"the final weights on the exchange ({man['sha256'][:12]}…) are not the ones this "
+                               f"coordinator aggregated ({rounds[-1]['sha256'][:12]}…); refusing to register them")
         reg = register_model(conf, job_id, mlruns, state, stats["norm"], site_metrics, global_metrics, sites)
         log_figures(mlruns["parent"], {s: m[final] for s, m in evaluated.items()}, site_metrics)
     decision = gate_and_promote(conf, job_id, reg["version"], global_metrics, site_metrics, champion, champ_global,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prefect import flow, get_run_logger
 
 from insitu.data.loader import load_split
 from insitu.federated.rounds import round_name
-from tasks.context import site_context
+from tasks.context import SiteContext, site_context
 from tasks.train import train_round
 
 
@@ -32,11 +33,11 @@ def site_train(
     done = 0
     for rnd in range(t.rounds):
         name = round_name(rnd)
-        if not ctx.exchange.wait_for("weights", f"{name}.manifest.json", writer="coordinator",
-                                     timeout=wait_timeout_s):
+        if not _wait_for_weights_or_abort(ctx, name, wait_timeout_s):
             raise TimeoutError(f"site {ctx.site}: no global weights for {name} after {wait_timeout_s:.0f}s")
         if ctx.exchange.exists("control", "abort.json", writer="coordinator"):
-            logger.warning("coordinator aborted job %s; stopping after %d rounds", job_id, done)
+            reason = ctx.exchange.get_json("control", "abort.json", writer="coordinator").get("reason")
+            logger.warning("coordinator aborted job %s after %d rounds here: %s", job_id, done, reason)
             break
         if ctx.exchange.exists("update", f"{name}.manifest.json"):
             logger.info("round %d already published by this site (resumed run); skipping", rnd)
@@ -44,3 +45,15 @@ def site_train(
             train_round(ctx, rnd, n_features, pos_weight)
         done += 1
     return {"site": ctx.site, "rounds": done, "n_samples": int(len(y)), "positives": int(y.sum())}
+
+
+def _wait_for_weights_or_abort(ctx: SiteContext, name: str, timeout: float, poll: float = 0.5) -> bool:
+    """True once the round's global weights or the coordinator's abort marker exist; False on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ctx.exchange.fs.invalidate_cache()
+        if ctx.exchange.exists("weights", f"{name}.manifest.json", writer="coordinator") or ctx.exchange.exists(
+                "control", "abort.json", writer="coordinator"):
+            return True
+        time.sleep(poll)
+    return False

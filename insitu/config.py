@@ -170,6 +170,9 @@ class ShardConfig(_Strict):
 
 class DatasetConfig(_Strict):
     description: str = ""
+    # Keys the deterministic train/val/test split. Fixed per dataset so that every job (whatever its
+    # training seed) tests on the same rows: a champion is never scored on rows it trained on.
+    split_key: int = 0
     schema_: SchemaConfig = Field(alias="schema")
     shards: Annotated[list[ShardConfig], Field(min_length=1)]
 

@@ -64,11 +64,15 @@ def _tcp_ok(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _alive(pid: int | None) -> bool:
+def _alive(pid: int | None, created: float | None = None) -> bool:
+    """Is ``pid`` running, and (when ``created`` is known) still the process we started, not a reuse?"""
     if not pid:
         return False
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        p = psutil.Process(pid)
+        if created is not None and abs(p.create_time() - created) > 1.0:
+            return False
+        return p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 
@@ -339,6 +343,9 @@ class Platform:
             return False
 
     # ------------------------------------------------------------------ lifecycle
+    def _is_ours(self, name: str) -> bool:
+        return _alive(self.state.get("pids", {}).get(name), self.state.get("started", {}).get(name))
+
     def _start(self, comp: Component) -> None:
         logs = self.dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -349,6 +356,10 @@ class Platform:
         out.close()
         self._procs[comp.name] = proc
         self.state.setdefault("pids", {})[comp.name] = proc.pid
+        try:
+            self.state.setdefault("started", {})[comp.name] = psutil.Process(proc.pid).create_time()
+        except psutil.NoSuchProcess:
+            pass
         self._save_state()
 
     def _wait(self, comps: list[Component]) -> None:
@@ -358,7 +369,7 @@ class Platform:
             for c in list(pending):
                 if c.healthy():
                     pending.remove(c)
-                elif not _alive(self.state["pids"].get(c.name)):
+                elif not self._is_ours(c.name):
                     tail = (self.dir / "logs" / f"{c.name}.log").read_text(errors="replace")[-3000:]
                     raise PlatformError(f"{c.name} exited during startup; its log ends:\n{tail}")
                 elif time.monotonic() - t0 > c.timeout:
@@ -371,7 +382,7 @@ class Platform:
     def _ensure(self, comps: list[Component]) -> list[str]:
         started = []
         for c in comps:
-            if _alive(self.state.get("pids", {}).get(c.name)):
+            if self._is_ours(c.name):
                 continue
             self._start(c)
             started.append(c.name)
@@ -429,7 +440,7 @@ class Platform:
         out: dict[str, dict[str, Any]] = {}
         for c in self._components() + self._worker_components():
             pid = self.state.get("pids", {}).get(c.name)
-            alive = _alive(pid)
+            alive = self._is_ours(c.name)
             out[c.name] = {"pid": pid, "running": alive, "healthy": alive and c.healthy()}
         return out
 
@@ -440,7 +451,7 @@ class Platform:
         stopped = []
         for name in order:
             pid = pids[name]
-            if not _alive(pid):
+            if not self._is_ours(name):
                 continue
             try:
                 procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
@@ -462,6 +473,7 @@ class Platform:
                 self._procs[name].wait(timeout=5)
             stopped.append(name)
         self.state["pids"] = {}
+        self.state["started"] = {}
         self._save_state()
         return stopped
 

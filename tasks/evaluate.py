@@ -14,6 +14,7 @@ from insitu.models.fraud_mlp import build_model
 from tasks.context import SiteContext
 
 BINS = 100
+MIN_HISTOGRAM_ROWS = 10
 
 
 def score(model: nn.Module, x: np.ndarray, y: np.ndarray, pos_weight: float) -> dict[str, Any]:
@@ -27,11 +28,12 @@ def score(model: nn.Module, x: np.ndarray, y: np.ndarray, pos_weight: float) -> 
         )
     p = torch.sigmoid(logits).numpy()
     edges = np.linspace(0.0, 1.0, BINS + 1)
-    return {
-        **binary_metrics(y, p, float(loss)),
-        "hist_pos": np.histogram(p[y == 1], bins=edges)[0].tolist(),
-        "hist_neg": np.histogram(p[y == 0], bins=edges)[0].tolist(),
-    }
+    out: dict[str, Any] = binary_metrics(y, p, float(loss))
+    # A histogram of a handful of scores would place individual rows; only publish it over enough of each class.
+    if min(int((y == 1).sum()), int((y == 0).sum())) >= MIN_HISTOGRAM_ROWS:
+        out["hist_pos"] = np.histogram(p[y == 1], bins=edges)[0].tolist()
+        out["hist_neg"] = np.histogram(p[y == 0], bins=edges)[0].tolist()
+    return out
 
 
 @task(retries=1, task_run_name="evaluate-{ctx.site}-{name}")

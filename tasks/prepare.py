@@ -13,6 +13,9 @@ from insitu.config import ShardConfig
 from insitu.data.prepare import ShardReport, prepare_shard, summarize
 from tasks.context import SiteContext
 
+# Sums over fewer rows than this would let the exchange reconstruct individual rows.
+MIN_AGGREGATE_ROWS = 20
+
 
 @task(retries=1, retry_delay_seconds=5, task_run_name="prepare-{ctx.site}")
 def prepare_shards(ctx: SiteContext, shards: list[ShardConfig], job_id: str) -> dict[str, Any]:
@@ -26,7 +29,8 @@ def prepare_shards(ctx: SiteContext, shards: list[ShardConfig], job_id: str) -> 
     schema = ctx.conf.dataset.schema_
     with Client(address, timeout=30) as client:
         futures = [
-            client.submit(prepare_shard, ctx.store, s, schema, t.split, t.seed, ctx.conf.dataset_name, job_id,
+            client.submit(prepare_shard, ctx.store, s, schema, t.split, ctx.conf.dataset.split_key,
+                          ctx.conf.dataset_name, job_id,
                           pure=False, key=f"prepare-{job_id}-{s.id}")
             for s in shards
         ]
@@ -45,6 +49,11 @@ def prepare_shards(ctx: SiteContext, shards: list[ShardConfig], job_id: str) -> 
         elif r.rows_quarantined:
             logger.info("shard %s: %d rows quarantined to %s", s.id, r.rows_quarantined, r.quarantine_path)
     summary = summarize(reports)
+    n_train = summary["train_stats"]["n"]
+    if 0 < n_train < MIN_AGGREGATE_ROWS:
+        raise ValueError(
+            f"site {ctx.site}: only {n_train} training rows; statistics over fewer than {MIN_AGGREGATE_ROWS} rows "
+            "would describe individual rows, so they are not published (add data or leave this site out)")
     summary["raw_bytes"] = raw_bytes
     summary["reports"] = [asdict(r) | {"train_stats": None} for r in reports]
     return summary

@@ -157,6 +157,13 @@ class Exchange:
                 return False
             time.sleep(poll)
 
+    def delete(self, kind: str, name: str) -> None:
+        """Remove one of this writer's artefacts (e.g. a stale control marker); no error if absent."""
+        try:
+            self.fs.rm(self._path(self.key(kind, name)))
+        except FileNotFoundError:
+            pass
+
     def list(self, kind: str, writer: str | None = None) -> list[str]:
         prefix = self._path(f"jobs/{self.job_id}/{kind}/" + (f"{writer}/" if writer else ""))
         self.fs.invalidate_cache()

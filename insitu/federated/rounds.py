@@ -30,10 +30,19 @@ class RoundResult:
     n_samples: int
     site_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     resumed: bool = False
+    sha256: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {"round": self.round, "sites": self.sites, "missing": self.missing, "n_samples": self.n_samples,
-                "site_metrics": self.site_metrics, "resumed": self.resumed}
+                "site_metrics": self.site_metrics, "resumed": self.resumed, "sha256": self.sha256}
+
+
+def _alive(is_alive: Callable[[str], bool], site: str) -> bool:
+    try:
+        return is_alive(site)
+    except Exception:  # the orchestrator did not answer: keep waiting until the deadline
+        log.warning("could not tell whether %s's run is alive; still waiting for it", site, exc_info=True)
+        return True
 
 
 def collect_updates(
@@ -61,7 +70,9 @@ def collect_updates(
             break
         # Asking the orchestrator whether a site's run ended is costlier than a HEAD on the exchange.
         if is_alive is not None and time.monotonic() >= next_liveness:
-            if not any(is_alive(s) for s in pending):
+            if not any(_alive(is_alive, s) for s in pending):
+                # A site may have published and then ended between our look and its end: look once more.
+                arrived += [s for s in pending if ex.exists("update", f"{name}.manifest.json", writer=s)]
                 break
             next_liveness = time.monotonic() + alive_every_s
         time.sleep(poll)
@@ -89,20 +100,31 @@ def run_round(
         # A re-run of the same job: this round was aggregated before; artefacts are idempotent.
         man = ex.get_json("weights", done, writer="coordinator")
         return RoundResult(rnd, list(man["sites"]), [s for s in sites if s not in man["sites"]],
-                           int(man["n_samples"]), {}, resumed=True)
+                           int(man["n_samples"]), {}, resumed=True, sha256=man["sha256"])
     arrived, missing = collect_updates(ex, rnd, sites, deadline_s, is_alive)
     if missing:
         log.warning("round %d: no update from %s within %.0fs; skipped for this round", rnd, missing, deadline_s)
-    if len(arrived) < min_sites:
+    if len(arrived) < min_sites:  # checked before reading updates (fail fast) …
         raise QuorumError(
             f"round {rnd}: quorum not met: {len(arrived)} update(s) from {arrived} < min_sites={min_sites}; "
             f"missing: {missing}"
         )
+    base_key = f"{round_name(rnd)}.manifest.json"
+    base = ex.get_json("weights", base_key, writer="coordinator")["sha256"] if ex.exists("weights", base_key) else None
     updates, metrics = [], {}
-    for s in arrived:
+    for s in list(arrived):
         state, man = ex.get_state("update", round_name(rnd), writer=s)
+        if man.get("round") != rnd or (base is not None and man.get("base_sha256") != base):
+            log.warning("round %d: %s's update was not trained from this round's global weights; ignored", rnd, s)
+            arrived.remove(s)
+            missing.append(s)
+            continue
         updates.append((state, int(man["n_samples"])))
         metrics[s] = {**man.get("metrics", {}), "n_samples": man["n_samples"], "bytes": man["bytes"]}
+    if len(arrived) < min_sites:  # … and after dropping updates that did not match this round
+        raise QuorumError(f"round {rnd}: quorum not met: {len(arrived)} valid update(s) from {arrived} < "
+                          f"min_sites={min_sites}; missing or invalid: {missing}")
     total = sum(n for _, n in updates)
-    ex.put_state("weights", round_name(rnd + 1), fedavg(updates), round=rnd + 1, sites=arrived, n_samples=total)
-    return RoundResult(rnd, arrived, missing, total, metrics)
+    man = ex.put_state("weights", round_name(rnd + 1), fedavg(updates), round=rnd + 1, sites=arrived,
+                       n_samples=total)
+    return RoundResult(rnd, arrived, missing, total, metrics, sha256=man["sha256"])

@@ -65,11 +65,14 @@ def launch_on_dask(
     timeout_s: float = 600.0,
     key_prefix: str = "rank",
     worker_wait_s: float = 60.0,
+    round_timeout_s: float | None = None,
 ) -> list[T]:
     """Run ``fn`` as ``world`` ranks on the cluster at ``address``; returns every rank's result."""
-    from distributed import Client, as_completed
+    from distributed import Client, Lock, as_completed
 
-    with Client(address, timeout=30) as client:
+    with Client(address, timeout=30) as client, Lock("insitu-ddp-launch", client=client):
+        # One process group at a time on a site's cluster: two jobs interleaving their ranks on
+        # single-threaded workers would each hold a worker while waiting for a peer (deadlock).
         try:  # a worker that just died is being restarted by its nanny: give it a moment
             client.wait_for_workers(world, timeout=worker_wait_s)
         except TimeoutError:
@@ -92,7 +95,8 @@ def launch_on_dask(
         # A rank pinned to a worker that dies would wait forever for that worker to return; the other
         # ranks fail in their next collective. Stop at the first failure and cancel the rest.
         try:
-            for fut in as_completed(futures, timeout=timeout_s + 60):
+            # No overall deadline: a long round is fine; a stuck collective fails after timeout_s.
+            for fut in as_completed(futures, timeout=round_timeout_s):
                 if fut.status == "error":
                     first = fut.exception()
                     client.cancel(futures)
@@ -100,5 +104,5 @@ def launch_on_dask(
                                      "round can be retried and resumes from its last checkpoint") from first
         except TimeoutError as e:
             client.cancel(futures)
-            raise RankFailed(f"ranks on {address} still running after {timeout_s + 60:.0f}s") from e
+            raise RankFailed(f"ranks on {address} still running after {round_timeout_s:.0f}s") from e
         return client.gather(futures)

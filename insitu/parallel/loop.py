@@ -1,7 +1,8 @@
 """The training loop every strategy shares: one rank's batches of the site's global batch.
 
 Rows are split like ``DistributedSampler``: a seeded permutation of the site's rows, rank ``r`` taking
-every ``world``-th one, truncated so that all ranks run the same number of steps (DDP needs that). A
+every ``world``-th one, truncated so that all ranks have the same rows count and run the same number
+of steps (DDP needs that). A
 step of ``world`` ranks with ``batch_size // world`` rows each therefore equals one step of one rank on
 the union of those rows — the basis of the loss-parity test.
 """
@@ -57,9 +58,11 @@ def train_epochs(
     throughput, communication time and the step it resumed from.
     """
     torch.manual_seed(seed)
-    xt, yt = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
+    dev = next(model.parameters()).device  # cuda:N on GPU sites (nccl), cpu otherwise
+    xt = torch.from_numpy(np.ascontiguousarray(x)).to(dev)
+    yt = torch.from_numpy(np.ascontiguousarray(y)).to(dev)
     opt = make_optimizer(model, cfg)
-    loss_fn = nn.BCEWithLogitsLoss(pos_weight=torch.tensor(pos_weight))
+    loss_fn = nn.BCEWithLogitsLoss(pos_weight=torch.tensor(pos_weight, device=dev))
     local_batch = max(1, cfg.batch_size // world)
     resumed = checkpointer.restore(model, opt) if checkpointer else None
     start_epoch, start_batch = (resumed["epoch"], resumed["batch"]) if resumed else (0, 0)
@@ -69,8 +72,10 @@ def train_epochs(
     steps, loss_sum, seen, step_time, ckpt_s = 0, 0.0, 0, 0.0, 0.0
     t_start = time.perf_counter()
     for epoch in range(start_epoch, cfg.local_epochs):
-        order = torch.from_numpy(np.random.default_rng([seed, epoch]).permutation(len(xt)))
-        starts = list(range(0, len(order) - local_batch + 1 if world > 1 else len(order), local_batch))
+        order = torch.from_numpy(np.random.default_rng([seed, epoch]).permutation(len(xt))).to(dev)
+        # Every rank has the same number of rows (rank_rows), so even the last, partial batch has the
+        # same size on every rank and DDP stays in step.
+        starts = list(range(0, len(order), local_batch))
         for b, i in enumerate(starts):
             if epoch == start_epoch and b < start_batch:
                 continue  # done before the checkpoint we resumed from

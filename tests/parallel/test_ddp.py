@@ -63,7 +63,7 @@ def _reference(spec: TrainSpec) -> tuple[dict[str, torch.Tensor], list[float]]:
     losses = []
     for epoch in range(spec.training.local_epochs):
         order = np.random.default_rng([SEED, epoch]).permutation(len(rows[0]))
-        for i in range(0, len(order) - b + 1, b):
+        for i in range(0, len(order), b):
             idx = np.concatenate([r[order[i:i + b]] for r in rows])
             opt.zero_grad()
             loss = loss_fn(model(torch.from_numpy(x[idx])), torch.from_numpy(y[idx]))

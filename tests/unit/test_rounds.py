@@ -16,9 +16,9 @@ def _exchange(tmp_path: Path, writer: str) -> Exchange:
     return Exchange(Store(f"file://{tmp_path}/", {}), "job-1", writer)
 
 
-def _publish(tmp_path: Path, site: str, rnd: int, value: float, n: int) -> None:
+def _publish(tmp_path: Path, site: str, rnd: int, value: float, n: int, base: str | None = None) -> None:
     _exchange(tmp_path, site).put_state("update", round_name(rnd), {"w": torch.full((2,), value)}, n_samples=n,
-                                        metrics={"train_loss": value})
+                                        round=rnd, base_sha256=base, metrics={"train_loss": value})
 
 
 def test_late_site_is_skipped_and_quorum_holds(tmp_path: Path) -> None:
@@ -61,3 +61,18 @@ def test_rerun_of_a_job_reuses_an_aggregated_round(tmp_path: Path) -> None:
     assert again.resumed and not first.resumed
     assert again.sites == ["eu", "us"] and again.n_samples == 400 and again.missing == ["apac"]
     assert coord.get_bytes("weights", f"{round_name(1)}.pt") == before
+
+
+def test_update_not_built_on_this_rounds_weights_is_ignored(tmp_path: Path) -> None:
+    coord = _exchange(tmp_path, "coordinator")
+    base = coord.put_state("weights", round_name(0), {"w": torch.zeros(2)}, round=0)["sha256"]
+    _publish(tmp_path, "eu", 0, 1.0, 100, base)
+    _publish(tmp_path, "us", 0, 3.0, 300, base)
+    _publish(tmp_path, "apac", 0, 9.0, 900, "f" * 64)  # trained from some other model
+    res = run_round(coord, 0, ["eu", "us", "apac"], min_sites=2, deadline_s=1)
+    assert res.sites == ["eu", "us"] and res.missing == ["apac"] and res.n_samples == 400
+    state, man = coord.get_state("weights", round_name(1))
+    assert torch.allclose(state["w"], torch.full((2,), 2.5)) and man["sha256"] == res.sha256
+    coord.fs.rm(coord.store.path(f"jobs/job-1/weights/coordinator/{round_name(1)}.manifest.json"))
+    with pytest.raises(QuorumError, match=r"2 valid update\(s\) .* missing or invalid: \['apac'\]"):
+        run_round(coord, 0, ["eu", "us", "apac"], min_sites=3, deadline_s=0.1)
