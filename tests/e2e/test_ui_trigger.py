@@ -5,9 +5,11 @@ Drives Debian's Chromium (headless) with Playwright; `.ci/run` installs Chromium
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -32,7 +34,11 @@ def test_custom_run_from_the_ui_form_completes(deployed: Platform, tmp_path: Pat
         dep = c.read_deployment_by_name("retrain/coordinator")
     job_id = f"ui-{uuid.uuid4().hex[:6]}"
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        # Chromium puts its singleton socket under TMPDIR; the platform's TMPDIR is too long a path for a
+        # UNIX socket (108 bytes), so give the browser a short one.
+        short_tmp = tempfile.mkdtemp(prefix="chr", dir="/tmp")
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS,
+                                    env={**os.environ, "TMPDIR": short_tmp})
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(f"{deployed.prefect_ui_url}/deployments/deployment/{dep.id}", wait_until="networkidle")
