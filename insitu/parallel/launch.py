@@ -70,7 +70,8 @@ def launch_on_dask(
     """Run ``fn`` as ``world`` ranks on the cluster at ``address``; returns every rank's result."""
     from distributed import Client, Lock, as_completed
 
-    with Client(address, timeout=30) as client, Lock("insitu-ddp-launch", client=client):
+    # Lock() uses the Client just created (it becomes the default client).
+    with Client(address, timeout=30) as client, Lock("insitu-ddp-launch"):
         # One process group at a time on a site's cluster: two jobs interleaving their ranks on
         # single-threaded workers would each hold a worker while waiting for a peer (deadlock).
         try:  # a worker that just died is being restarted by its nanny: give it a moment
