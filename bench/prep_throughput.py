@@ -10,6 +10,7 @@ time grows from 1x to Nx rows.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import tempfile
 import time
@@ -43,7 +44,7 @@ def run(rows: int, shards: int, client: Client) -> dict[str, float]:
     conf, shard_list = make_shards(root, rows, shards)
     store = Store(f"file://{root}/", {})
     t = conf.training
-    args = (conf.dataset.schema_, t.split, t.seed, "fraud")
+    args = (conf.dataset.schema_, t.split, conf.dataset.split_key, "fraud")
     t0 = time.perf_counter()
     for s in shard_list:
         prepare_shard(store, s, *args, "pandas")
@@ -65,7 +66,8 @@ def main() -> None:
     args = ap.parse_args()
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
                       host="127.0.0.1") as cluster, Client(cluster) as client:
-        client.submit(len, [1]).result()  # warm the workers (imports) before timing
+        # Import the prepare code on the workers before timing, as it already is in this process.
+        client.run(importlib.import_module, "insitu.data.prepare")
         results = [run(args.rows * int(k), args.shards, client) for k in args.scales.split(",")]
     base = results[0]
     for r in results:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from prefect import flow, get_run_logger
 
-from insitu.data.loader import load_split
 from insitu.federated.rounds import round_name
-from tasks.context import SiteContext, site_context
+from tasks.context import site_context
 from tasks.train import train_round
 
 
@@ -26,14 +24,13 @@ def site_train(
     ctx = site_context(job_id, training, dataset, overrides)
     t = ctx.conf.training
     norm = ctx.exchange.get_json("stats", "global.json", writer="coordinator")
-    x, y = load_split(ctx.store, dataset, job_id, "train")
-    ctx.audit.append("data.read", what="prepared/train", job_id=job_id, flow_run_id=ctx.flow_run_id, rows=len(y),
-                     strategy=t.strategy, ranks=t.ranks_per_site)
     n_features, pos_weight = len(norm["mean"]), float(norm["pos_weight"])
     done = 0
     for rnd in range(t.rounds):
         name = round_name(rnd)
-        if not _wait_for_weights_or_abort(ctx, name, wait_timeout_s):
+        weights = ("weights", f"{name}.manifest.json", "coordinator")
+        abort = ("control", "abort.json", "coordinator")
+        if ctx.exchange.wait_for_any([weights, abort], wait_timeout_s) is None:
             raise TimeoutError(f"site {ctx.site}: no global weights for {name} after {wait_timeout_s:.0f}s")
         if ctx.exchange.exists("control", "abort.json", writer="coordinator"):
             reason = ctx.exchange.get_json("control", "abort.json", writer="coordinator").get("reason")
@@ -44,16 +41,5 @@ def site_train(
         else:
             train_round(ctx, rnd, n_features, pos_weight)
         done += 1
-    return {"site": ctx.site, "rounds": done, "n_samples": int(len(y)), "positives": int(y.sum())}
+    return {"site": ctx.site, "rounds": done}
 
-
-def _wait_for_weights_or_abort(ctx: SiteContext, name: str, timeout: float, poll: float = 0.5) -> bool:
-    """True once the round's global weights or the coordinator's abort marker exist; False on timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ctx.exchange.fs.invalidate_cache()
-        if ctx.exchange.exists("weights", f"{name}.manifest.json", writer="coordinator") or ctx.exchange.exists(
-                "control", "abort.json", writer="coordinator"):
-            return True
-        time.sleep(poll)
-    return False

@@ -421,20 +421,18 @@ class Platform:
                 fs.mkdir(bucket)
 
     def _create_pools(self) -> None:
+        """Create the missing process work pools with Prefect's own CLI (the core imports no Prefect)."""
         import httpx
-        from prefect.workers.process import ProcessWorker
 
-        template = ProcessWorker.get_default_base_job_template()
         pools = [self.sites.coordinator.work_pool, *[s.work_pool for s in self.sites.sites]]
+        env = {**self._base_env(), **self._prefect_env()}
         for pool in pools:
-            r = httpx.get(f"{self.prefect_api_url}/work_pools/{pool}", timeout=10)
-            if r.status_code == 200:
+            if httpx.get(f"{self.prefect_api_url}/work_pools/{pool}", timeout=10).status_code == 200:
                 continue
-            body = {"name": pool, "type": "process", "base_job_template": template,
-                    "description": f"insitu pool {pool}: runs only that side's work"}
-            r = httpx.post(f"{self.prefect_api_url}/work_pools/", json=body, timeout=10)
-            if r.status_code not in (200, 201, 409):
-                raise PlatformError(f"could not create work pool {pool}: {r.status_code} {r.text}")
+            r = subprocess.run([_bin("prefect"), "work-pool", "create", pool, "--type", "process"], env=env,
+                               capture_output=True, text=True, timeout=120)
+            if r.returncode != 0 and "already exists" not in r.stdout + r.stderr:
+                raise PlatformError(f"could not create work pool {pool}: {(r.stdout + r.stderr)[-2000:]}")
 
     def status(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}

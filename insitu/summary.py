@@ -51,31 +51,44 @@ def job_summary(
     }
 
 
+SUMMARY_COLUMNS = ("site", "rows prepared", "quarantined", "unreadable shards", "rounds", "ROC-AUC", "PR-AUC",
+                   "test loss", "test rows", "bytes to exchange", "raw bytes (stayed)")
+
+
+def summary_rows(s: dict[str, Any]) -> list[list[str]]:
+    """The per-site table (and its global row) as text cells, in ``SUMMARY_COLUMNS`` order."""
+
+    def f4(m: dict[str, float], k: str) -> str:
+        return f"{m.get(k, float('nan')):.4f}"
+
+    rows = []
+    for name, v in s["sites"].items():
+        m = v["metrics"]
+        rows.append([name, f"{v['rows_prepared']:,}", f"{v['rows_quarantined']:,}",
+                     ", ".join(v["shards_unreadable"]) or "-", str(v["rounds_contributed"]), f4(m, "roc_auc"),
+                     f4(m, "pr_auc"), f4(m, "loss"), f"{int(m.get('count', 0)):,}",
+                     f"{sum(v['bytes_to_exchange'].values()):,}", f"{v['raw_bytes']:,}"])
+    g = s["global_metrics"]
+    coord = sum(s["bytes_crossed_by_writer"].get("coordinator", {}).values())
+    rows.append(["global (sample-weighted)", "", "", "", "", f4(g, "roc_auc"), f4(g, "pr_auc"), f4(g, "loss"),
+                 f"{int(g.get('count', 0)):,}", f"{s['bytes_crossed']:,} (coordinator {coord:,})",
+                 f"{s['raw_bytes']:,}"])
+    return rows
+
+
 def summary_markdown(s: dict[str, Any]) -> str:
+    gate = s["model"].get("gate", {})
     lines = [
         f"## insitu job `{s['job_id']}`",
         "",
         f"Model **{s['model']['model_name']}** version **{s['model']['version']}** → alias "
         f"`{s['model']['alias']}`; {s['rounds']} federated rounds; config `{s['config_hash']}`.",
         "",
-        f"Gate: **{'passed' if s['model'].get('gate', {}).get('passed') else 'failed'}** — "
-        f"{s['model'].get('gate', {}).get('reason', 'n/a')}",
+        f"Gate: **{'passed' if gate.get('passed') else 'failed'}** — {gate.get('reason', 'n/a')}",
         "",
-        "| site | rows prepared | quarantined | unreadable shards | rounds | PR-AUC | ROC-AUC | test rows "
-        "| bytes to exchange |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
-    ]
-    for name, v in s["sites"].items():
-        m = v["metrics"]
-        lines.append(
-            f"| {name} | {v['rows_prepared']} | {v['rows_quarantined']} | {', '.join(v['shards_unreadable']) or '-'} "
-            f"| {v['rounds_contributed']} | {m.get('pr_auc', float('nan')):.4f} | {m.get('roc_auc', float('nan')):.4f} "
-            f"| {int(m.get('count', 0))} | {sum(v['bytes_to_exchange'].values())} |"
-        )
-    g = s["global_metrics"]
-    lines += [
-        f"| **global** | | | | | **{g.get('pr_auc', float('nan')):.4f}** | **{g.get('roc_auc', float('nan')):.4f}** "
-        f"| {int(g.get('count', 0))} | {s['bytes_crossed']} |",
+        "| " + " | ".join(SUMMARY_COLUMNS) + " |",
+        "|---|" + "---:|" * (len(SUMMARY_COLUMNS) - 1),
+        *("| " + " | ".join(r) + " |" for r in summary_rows(s)),
         "",
         f"Bytes that crossed a border: **{s['bytes_crossed']:,}** (weights, updates, statistics, metrics); "
         f"the raw data would have been **{s['raw_bytes']:,}** bytes. No row left its site.",

@@ -24,7 +24,6 @@ class SiteContext:
     exchange: Exchange
     audit: AuditLog
     flow_run_id: str | None
-    work_pool: str | None
 
 
 def current_work_pool() -> str | None:
@@ -57,5 +56,4 @@ def site_context(job_id: str, training: str, dataset: str, overrides: dict[str, 
         exchange=Exchange(store_from_env(conf.sites.exchange, "exchange"), job_id, writer=site),
         audit=audit,
         flow_run_id=fr_id,
-        work_pool=pool,
     )

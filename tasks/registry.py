@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
+import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -10,6 +12,7 @@ from typing import Any
 import mlflow
 import numpy as np
 import torch
+from mlflow.entities import Metric, Param
 from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
 from prefect import get_run_logger, task
@@ -18,6 +21,7 @@ from insitu.config import Conf
 from insitu.models.fraud_mlp import build_model
 
 
+@functools.cache
 def code_version() -> str:
     repo = Path(__file__).resolve().parent.parent
     try:
@@ -50,24 +54,30 @@ def start_runs(conf: Conf, job_id: str, sites: list[str], flow_run_id: str | Non
     tags = {"job_id": job_id, "prefect_flow_run_id": str(flow_run_id), "code_version": code_version(),
             "sites": ",".join(sites)}
     parent = client.create_run(exp_id, run_name=f"retrain-{job_id}", tags=tags)
-    for k, v in flat_params(conf).items():
-        client.log_param(parent.info.run_id, k, v)
-    client.log_param(parent.info.run_id, "sites", ",".join(sites))
+    params = {**flat_params(conf), "sites": ",".join(sites)}
+    client.log_batch(parent.info.run_id, params=[Param(k, str(v)) for k, v in params.items()])
     runs = {"parent": parent.info.run_id}
     for s in sites:
         child = client.create_run(exp_id, run_name=f"{s}-{job_id}",
                                   tags={**tags, "mlflow.parentRunId": parent.info.run_id, "site": s})
-        client.log_param(child.info.run_id, "site", s)
+        client.log_batch(child.info.run_id, params=[Param("site", s)])
         runs[s] = child.info.run_id
     return runs
+
+
+def _log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+    """One request per run (not one per metric); NaN (e.g. AUC of a one-class split) is left out."""
+    now = int(time.time() * 1000)
+    batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if not np.isnan(v)]
+    if batch:
+        client.log_batch(run_id, metrics=batch)
 
 
 def log_round(runs: dict[str, str], rnd: int, result: dict[str, Any]) -> None:
     client = MlflowClient()
     for s, m in result["site_metrics"].items():
-        for k, v in m.items():
-            client.log_metric(runs[s], k, float(v), step=rnd)
-    client.log_metric(runs["parent"], "sites_in_round", float(len(result["sites"])), step=rnd)
+        _log_metrics(client, runs[s], m, step=rnd)
+    _log_metrics(client, runs["parent"], {"sites_in_round": len(result["sites"])}, step=rnd)
 
 
 @task(task_run_name="register-{job_id}")
@@ -84,14 +94,11 @@ def register_model(
     """Log final metrics, log and register the model, tag its lineage and set alias ``challenger``."""
     logger = get_run_logger()
     client = MlflowClient()
+    parent_metrics = {f"global_test_{k}": v for k, v in global_metrics.items()}
     for s, m in site_metrics.items():
-        for k, v in m.items():
-            if not np.isnan(v):
-                client.log_metric(runs[s], f"test_{k}", float(v))
-                client.log_metric(runs["parent"], f"{s}_test_{k}", float(v))
-    for k, v in global_metrics.items():
-        if not np.isnan(v):
-            client.log_metric(runs["parent"], f"global_test_{k}", float(v))
+        _log_metrics(client, runs[s], {f"test_{k}": v for k, v in m.items()})
+        parent_metrics.update({f"{s}_test_{k}": v for k, v in m.items()})
+    _log_metrics(client, runs["parent"], parent_metrics)
     model = build_model(conf.training.model, len(norm["mean"]))
     model.load_state_dict(state)
     model.eval()

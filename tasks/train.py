@@ -27,6 +27,9 @@ def train_round(ctx: SiteContext, rnd: int, n_features: int, pos_weight: float) 
                      checkpoint=ckpt)
     address = os.environ.get(ctx.conf.sites.site(ctx.site).dask.scheduler_env)
     result = train_site(spec, address)
+    # The ranks read the site's prepared train split on the site's own Dask workers.
+    ctx.audit.append("data.read", what="prepared/train", job_id=job_id, flow_run_id=ctx.flow_run_id, round=rnd,
+                     rows=result.n_samples, strategy=t.strategy, ranks=t.ranks_per_site)
     published = ctx.exchange.put_state(
         "update", round_name(rnd), result.state, round=rnd, n_samples=result.n_samples,
         base_sha256=manifest["sha256"], metrics=result.metrics,

@@ -21,3 +21,22 @@ def load_split(store: Store, dataset: str, job_id: str, split: str) -> tuple[np.
     df = pd.concat(frames, ignore_index=True)
     y = df.pop("label").to_numpy(dtype=np.float32)
     return df.to_numpy(dtype=np.float32), y
+
+
+_CACHE: dict[tuple[str, str, str, str], tuple[np.ndarray, np.ndarray]] = {}
+_CACHE_SIZE = 4
+
+
+def load_split_cached(store: Store, dataset: str, job_id: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`load_split`, kept in this process for later rounds of the same job.
+
+    A site's Dask workers live across rounds, so each rank reads its job's prepared split from the
+    store once instead of once per round. Prepared data of a job is written once, by site-prepare.
+    Callers must not modify the arrays.
+    """
+    key = (store.url, dataset, job_id, split)
+    if key not in _CACHE:
+        while len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = load_split(store, dataset, job_id, split)
+    return _CACHE[key]

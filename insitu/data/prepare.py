@@ -64,7 +64,7 @@ def prepare_shard(
     shard: ShardConfig,
     schema: SchemaConfig,
     split: SplitConfig,
-    seed: int,
+    split_key: int,
     dataset: str,
     job_id: str,
 ) -> ShardReport:
@@ -102,7 +102,7 @@ def prepare_shard(
     if len(good) == 0:
         return rep
     x, y = featurize(good, schema)
-    which = assign_split(good[schema.id], split, seed)
+    which = assign_split(good[schema.id], split, split_key)
     prefix = prepared_prefix(dataset, job_id)
     for name in SPLITS:
         m = which == name

@@ -147,14 +147,21 @@ class Exchange:
         self, kind: str, name: str, writer: str | None = None, timeout: float = 600.0, poll: float = 0.5
     ) -> bool:
         """Wait until an artefact exists; False on timeout."""
+        return self.wait_for_any([(kind, name, writer)], timeout, poll) is not None
+
+    def wait_for_any(
+        self, candidates: list[tuple[str, str, str | None]], timeout: float = 600.0, poll: float = 0.5
+    ) -> tuple[str, str, str | None] | None:
+        """Wait until one of ``(kind, name, writer)`` exists; returns it, or None on timeout."""
         deadline = time.monotonic() + timeout
-        path = self._path(self.key(kind, name, writer))
+        paths = [(c, self._path(self.key(*c))) for c in candidates]
         while True:
             self.fs.invalidate_cache()
-            if self.fs.exists(path):
-                return True
+            for c, path in paths:
+                if self.fs.exists(path):
+                    return c
             if time.monotonic() >= deadline:
-                return False
+                return None
             time.sleep(poll)
 
     def delete(self, kind: str, name: str) -> None:

@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from insitu.data.loader import load_split
+from insitu.data.loader import load_split_cached
 from insitu.models.fraud_mlp import build_model
 from insitu.parallel.checkpoint import Checkpointer
 from insitu.parallel.loop import rank_rows, train_epochs
@@ -60,7 +60,7 @@ def parallelize(model: nn.Module, device: torch.device | None = None) -> tuple[n
 def rank_main(rank: int, world: int, spec: TrainSpec) -> TrainResult | None:
     """One rank's work inside an initialised process group; rank 0 returns the trained state."""
     device = torch.device(f"cuda:{torch.cuda.current_device()}") if dist.get_backend() == "nccl" else None
-    x, y = load_split(spec.data.store, spec.data.dataset, spec.data.job_id, spec.data.split)
+    x, y = load_split_cached(spec.data.store, spec.data.dataset, spec.data.job_id, spec.data.split)
     rows = rank_rows(len(y), rank, world, spec.seed)
     model = build_model(spec.training.model, spec.n_features)
     model.load_state_dict(spec.state)

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from insitu.config import StorageRef, load_training
-from insitu.data.loader import load_split
+from insitu.data.loader import load_split_cached
 from insitu.federated.stats import mean_std, partial_stats
 from insitu.models.fraud_mlp import build_model
 from insitu.parallel import ddp
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_training(args.config)
         ref = StorageRef(storage=args.data, endpoint_env=args.endpoint_env)
         store = store_from_env(ref, "this site")
-        x, y = load_split(store, args.dataset, args.job_id, "train")
+        x, y = load_split_cached(store, args.dataset, args.job_id, "train")
         mean, std = mean_std(partial_stats(x, y))
         torch.manual_seed(cfg.seed)
         state = build_model(cfg.model, x.shape[1], mean, std).state_dict()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from insitu.data.loader import load_split
+from insitu.data.loader import load_split_cached
 from insitu.models.fraud_mlp import build_model
 from insitu.parallel.checkpoint import Checkpointer
 from insitu.parallel.loop import rank_rows, train_epochs
@@ -10,7 +10,7 @@ from insitu.parallel.types import TrainResult, TrainSpec
 
 
 def train(spec: TrainSpec) -> TrainResult:
-    x, y = load_split(spec.data.store, spec.data.dataset, spec.data.job_id, spec.data.split)
+    x, y = load_split_cached(spec.data.store, spec.data.dataset, spec.data.job_id, spec.data.split)
     rows = rank_rows(len(y), 0, 1, spec.seed)
     model = build_model(spec.training.model, spec.n_features)
     model.load_state_dict(spec.state)

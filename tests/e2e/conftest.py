@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import psutil
 import pytest
@@ -43,7 +42,3 @@ def deployed(platform: Platform) -> Platform:
     platform.state["seeded"] = seeded
     deploy_all(conf.sites)
     return platform
-
-
-def state_dir(p: Platform) -> Path:
-    return p.dir

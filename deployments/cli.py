@@ -1,6 +1,7 @@
 """``insitu``: the operator's command line (local platform, seeding, deploying, running, audit).
 
-The core never imports Prefect at module level; commands that talk to Prefect import it inside.
+It sits with the deployments, outside the core: it composes the core (`insitu/`) with the Prefect layer.
+Prefect is imported inside the commands that talk to it, so `insitu up` / `down` start quickly.
 """
 
 from __future__ import annotations
@@ -208,22 +209,13 @@ def _run_and_follow(p: Platform, training: str, rounds: int | None, job_id: str 
 
 
 def _print_summary(s: dict[str, Any]) -> None:
+    from insitu.summary import SUMMARY_COLUMNS, summary_rows
+
     t = Table(title=f"insitu job {s['job_id']} — {s['rounds']} federated rounds", show_lines=False)
-    for col in ("site", "rows prepared", "quarantined", "unreadable shards", "rounds", "ROC-AUC", "PR-AUC",
-                "test loss", "test rows", "bytes → exchange", "raw bytes (stayed)"):
-        t.add_column(col, justify="right" if col not in ("site", "unreadable shards") else "left")
-    for name, v in s["sites"].items():
-        m = v["metrics"]
-        t.add_row(name, f"{v['rows_prepared']:,}", f"{v['rows_quarantined']:,}",
-                  ", ".join(v["shards_unreadable"]) or "-",
-                  str(v["rounds_contributed"]), f"{m.get('roc_auc', float('nan')):.4f}",
-                  f"{m.get('pr_auc', float('nan')):.4f}", f"{m.get('loss', float('nan')):.4f}",
-                  f"{int(m.get('count', 0)):,}", f"{sum(v['bytes_to_exchange'].values()):,}", f"{v['raw_bytes']:,}")
-    g = s["global_metrics"]
-    coord = sum(s["bytes_crossed_by_writer"].get("coordinator", {}).values())
-    t.add_row("[bold]global[/bold] (sample-weighted)", "", "", "", "", f"[bold]{g.get('roc_auc', float('nan')):.4f}",
-              f"[bold]{g.get('pr_auc', float('nan')):.4f}", f"{g.get('loss', float('nan')):.4f}",
-              f"{int(g.get('count', 0)):,}", f"{s['bytes_crossed']:,} (coordinator {coord:,})", f"{s['raw_bytes']:,}")
+    for col in SUMMARY_COLUMNS:
+        t.add_column(col, justify="left" if col in ("site", "unreadable shards") else "right")
+    for row in summary_rows(s):
+        t.add_row(*row)
     console.print(t)
     m = s["model"]
     console.print(f"registered [bold]{m['model_name']}[/bold] version [bold]{m['version']}[/bold] "

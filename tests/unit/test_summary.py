@@ -1,0 +1,34 @@
+"""The job summary table: one source of rows for the terminal and the Prefect artifact."""
+
+from __future__ import annotations
+
+from insitu.summary import SUMMARY_COLUMNS, summary_markdown, summary_rows
+
+SUMMARY = {
+    "job_id": "j1", "rounds": 2, "config_hash": "abc",
+    "sites": {"eu": {"rows_prepared": 1000, "rows_quarantined": 5, "shards_unreadable": [], "raw_bytes": 9000,
+                     "rounds_contributed": 2, "metrics": {"roc_auc": 0.9, "pr_auc": 0.3, "loss": 0.5, "count": 150},
+                     "bytes_to_exchange": {"update": 400, "stats": 100}},
+              "apac": {"rows_prepared": 800, "rows_quarantined": 0, "shards_unreadable": ["apac-002"],
+                       "raw_bytes": 7000, "rounds_contributed": 1, "metrics": {}, "bytes_to_exchange": {}}},
+    "global_metrics": {"roc_auc": 0.85, "pr_auc": 0.25, "loss": 0.6, "count": 150},
+    "bytes_crossed": 1700, "bytes_crossed_by_writer": {"coordinator": {"weights": 1200}, "eu": {"update": 500}},
+    "raw_bytes": 16000,
+    "model": {"model_name": "m", "version": "3", "alias": "challenger", "gate": {"passed": False, "reason": "worse"}},
+}
+
+
+def test_rows_follow_the_columns_and_end_with_the_global_row() -> None:
+    rows = summary_rows(SUMMARY)
+    assert all(len(r) == len(SUMMARY_COLUMNS) for r in rows)
+    assert rows[0] == ["eu", "1,000", "5", "-", "2", "0.9000", "0.3000", "0.5000", "150", "500", "9,000"]
+    assert rows[1][3] == "apac-002" and rows[1][5] == "nan"
+    assert rows[-1][0].startswith("global") and rows[-1][6] == "0.2500"
+    assert rows[-1][9] == "1,700 (coordinator 1,200)"
+
+
+def test_markdown_has_the_gate_and_one_line_per_row() -> None:
+    md = summary_markdown(SUMMARY)
+    assert "Gate: **failed** — worse" in md
+    table = [line for line in md.splitlines() if line.startswith("|")]
+    assert len(table) == 2 + len(summary_rows(SUMMARY))
