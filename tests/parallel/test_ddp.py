@@ -106,4 +106,4 @@ def test_launch_runs_one_rank_per_worker_with_a_real_process_group(cluster: str)
 
 def test_launch_refuses_more_ranks_than_workers(cluster: str) -> None:
     with pytest.raises(LaunchError, match="3 ranks need 3 Dask workers .* has 2"):
-        launch_on_dask(cluster, _echo, 3, 0)
+        launch_on_dask(cluster, _echo, 3, 0, worker_wait_s=1)
