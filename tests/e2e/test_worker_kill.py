@@ -1,0 +1,104 @@
+"""Kill one rank's Dask worker in the middle of a round of a real ``retrain`` job on the platform.
+
+The site's ``train_round`` task fails (the launch tears the process group down), Prefect retries it, the
+retry resumes from the round's newest checkpoint on the site's store, the round completes and the job
+registers its model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from distributed import Client
+from mlflow.tracking import MlflowClient
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, TaskRunFilter, TaskRunFilterName
+
+from insitu.config import load_conf
+from insitu.parallel import CheckpointRef
+from insitu.parallel.checkpoint import Checkpointer
+from insitu.stack import Platform
+from insitu.storage import Store
+
+pytestmark = pytest.mark.e2e
+EVERY = 20  # checkpoint interval (steps)
+
+
+def _training_config(tmp_path: Path, conf_dir: Path) -> Path:
+    """The demo config, with one round long enough (~130 steps per site) to be killed in its middle."""
+    cfg = yaml.safe_load((conf_dir / "training" / "fraud.yaml").read_text())
+    cfg.update(rounds=1, local_epochs=2, batch_size=32, checkpoint={"enabled": True, "every_steps": EVERY})
+    # the retry restarts a worker process and re-imports torch: don't let the round's deadline skip eu
+    cfg["federation"]["round_deadline_s"] = 900
+    path = tmp_path / "fraud_kill.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _site_store(p: Platform, site: str) -> Store:
+    sec = p.state["secrets"][site]
+    return Store(f"s3://insitu-{site}/", {"key": sec["access_key"], "secret": sec["secret_key"],
+                                          "client_kwargs": {"endpoint_url": p.s3_endpoint(site)}})
+
+
+def test_killed_rank_worker_round_retries_from_checkpoint_and_job_registers(
+    deployed: Platform, tmp_path: Path
+) -> None:
+    job_id = f"e2e-kill-{uuid.uuid4().hex[:6]}"
+    training = _training_config(tmp_path, deployed.conf_dir)
+    load_conf(training, "fraud", directory=deployed.conf_dir)  # the config itself is valid
+    ckpt = Checkpointer(CheckpointRef(_site_store(deployed, "eu"), f"checkpoints/{job_id}/round-0000", EVERY))
+    with Client(deployed.dask_address("eu"), timeout=30) as dask:
+        pids = dask.run(os.getpid)
+    with get_client(sync_client=True) as c:
+        dep = c.read_deployment_by_name("retrain/coordinator")
+        fr = c.create_flow_run_from_deployment(dep.id, parameters={"params": {
+            "training": str(training), "dataset": "fraud", "job_id": job_id}})
+
+    # Wait until eu's ranks are well into the round (two checkpoints written), then kill a rank's worker.
+    deadline = time.monotonic() + 600
+    seen = 0
+    while seen < 2 * EVERY:
+        assert time.monotonic() < deadline, "eu never reached its second checkpoint"
+        with get_client(sync_client=True) as c:
+            state = c.read_flow_run(fr.id).state
+        assert not state.is_final(), f"retrain ended before the kill: {state.type} {state.message}"
+        seen = (ckpt.latest() or {}).get("global_step", 0)
+        time.sleep(0.1)
+    victim = sorted(pids)[-1]  # launch puts rank 1 on the second worker (sorted by address)
+    os.kill(pids[victim], signal.SIGKILL)  # its nanny starts a fresh worker process
+
+    deadline = time.monotonic() + 900
+    with get_client(sync_client=True) as c:
+        while not (run := c.read_flow_run(fr.id)).state.is_final():
+            assert time.monotonic() < deadline, "retrain did not finish after the kill"
+            time.sleep(2)
+        assert run.state.is_completed(), run.state.message
+        (tr,) = c.read_task_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[f"site-train-eu-{job_id}"])),
+            task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=["train-eu-round-0"])),
+        )
+    assert tr.run_count == 2 and tr.state.is_completed(), (tr.run_count, tr.state)
+
+    # The retry resumed from the newest checkpoint, so at most one interval of work was redone.
+    sec = deployed.state["secrets"]["exchange"]
+    ex = Store("s3://insitu-exchange/", {"key": sec["access_key"], "secret": sec["secret_key"],
+                                         "client_kwargs": {"endpoint_url": deployed.s3_endpoint("exchange")}})
+    manifest = json.loads(ex.fs.cat(ex.path(f"jobs/{job_id}/update/eu/round-0000.manifest.json")))
+    m = manifest["metrics"]
+    assert m["resumed_from_step"] >= seen > 0, (m, seen)
+    assert m["steps"] == m["global_steps"] - m["resumed_from_step"]
+    other = json.loads(ex.fs.cat(ex.path(f"jobs/{job_id}/update/us/round-0000.manifest.json")))["metrics"]
+    assert other["resumed_from_step"] == 0  # the untouched site trained in one go
+
+    client = MlflowClient(deployed.mlflow_url)
+    versions = client.search_model_versions("name = 'insitu-fraud'")
+    assert any(v.tags.get("job_id") == job_id for v in versions), [v.tags.get("job_id") for v in versions]
+
