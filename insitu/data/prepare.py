@@ -24,6 +24,10 @@ from insitu.storage import Store
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
+# Prepared files are written in row groups of this many rows: a training rank reads only the row groups
+# that overlap its block of the split (insitu.data.loader.load_rank_part), so it reads at most about one
+# group beyond its own rows.
+ROW_GROUP_ROWS = 8192
 
 
 @dataclass
@@ -110,7 +114,8 @@ def prepare_shard(
         frame["label"] = y[m]
         _parent(store, f"{prefix}/{name}/{shard.id}.parquet")
         frame.to_parquet(
-            store.full_url(f"{prefix}/{name}/{shard.id}.parquet"), storage_options=store.options or None, index=False
+            store.full_url(f"{prefix}/{name}/{shard.id}.parquet"), storage_options=store.options or None, index=False,
+            row_group_size=ROW_GROUP_ROWS,
         )
         rep.split_counts[name] = int(m.sum())
         if name == "train":

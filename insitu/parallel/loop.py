@@ -1,10 +1,9 @@
 """The training loop every strategy shares: one rank's batches of the site's global batch.
 
-Rows are split like ``DistributedSampler``: a seeded permutation of the site's rows, rank ``r`` taking
-every ``world``-th one, truncated so that all ranks have the same rows count and run the same number
-of steps (DDP needs that). A
-step of ``world`` ranks with ``batch_size // world`` rows each therefore equals one step of one rank on
-the union of those rows — the basis of the loss-parity test.
+Each rank trains on its own block of the site's rows (``insitu.data.loader.load_rank_part``: equal
+sizes, so every rank runs the same number of steps, as DDP needs) and visits it in a seeded order that
+is the same on every rank. A step of ``world`` ranks with ``batch_size // world`` rows each therefore
+equals one step of one rank on the union of those rows — the basis of the loss-parity test.
 """
 
 from __future__ import annotations
@@ -21,13 +20,6 @@ from insitu.config import TrainingConfig
 
 if TYPE_CHECKING:
     from insitu.parallel.checkpoint import Checkpointer
-
-
-def rank_rows(n: int, rank: int, world: int, seed: int) -> np.ndarray:
-    """Indices of the rows this rank trains on (same permutation on every rank)."""
-    perm = np.random.default_rng(seed).permutation(n)
-    per_rank = n // world
-    return perm[: per_rank * world][rank::world]
 
 
 def make_optimizer(model: nn.Module, cfg: TrainingConfig) -> torch.optim.Optimizer:
@@ -73,7 +65,7 @@ def train_epochs(
     t_start = time.perf_counter()
     for epoch in range(start_epoch, cfg.local_epochs):
         order = torch.from_numpy(np.random.default_rng([seed, epoch]).permutation(len(xt))).to(dev)
-        # Every rank has the same number of rows (rank_rows), so even the last, partial batch has the
+        # Every rank has the same number of rows (load_rank_part), so even the last, partial batch has the
         # same size on every rank and DDP stays in step.
         starts = list(range(0, len(order), local_batch))
         for b, i in enumerate(starts):

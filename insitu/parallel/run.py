@@ -3,9 +3,10 @@
     torchrun --nproc-per-node 2 -m insitu.parallel.run --config conf/training/fraud_ddp.yaml \\
         --data file:///path/to/site-store/ --dataset fraud --job-id <job>
 
-Reads the site's prepared train split (as written by ``site-prepare``), computes normalisation from it
-locally, and runs the same ``ddp.rank_main`` that the Dask launcher runs, in the rendezvous torchrun set
-up (``env://``). Rank 0 logs the metrics and can save the trained state with ``--out``.
+Each rank reads its block of the site's prepared train split (as written by ``site-prepare``), the ranks
+combine their aggregate statistics into the split's normalisation, and each runs the same
+``ddp.rank_main`` that the Dask launcher runs, in the rendezvous torchrun set up (``env://``). Rank 0
+logs the metrics and can save the trained state with ``--out``.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 from insitu.config import StorageRef, load_training
-from insitu.data.loader import load_split_cached
-from insitu.federated.stats import mean_std, partial_stats
+from insitu.data.loader import load_rank_part_cached
+from insitu.federated.stats import combine, mean_std, partial_stats
 from insitu.models.fraud_mlp import build_model
 from insitu.parallel import ddp
 from insitu.parallel.types import DataRef, TrainSpec
@@ -57,12 +58,17 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_training(args.config)
         ref = StorageRef(storage=args.data, endpoint_env=args.endpoint_env)
         store = store_from_env(ref, "this site")
-        x, y = load_split_cached(store, args.dataset, args.job_id, "train")
-        mean, std = mean_std(partial_stats(x, y))
+        part = load_rank_part_cached(store, args.dataset, args.job_id, "train", rank, world)
+        parts: list[dict[str, object] | None] = [None] * world
+        dist.all_gather_object(parts, partial_stats(part.x, part.y))  # aggregates only, as across sites
+        stats = combine(p for p in parts if p is not None)
+        mean, std = mean_std(stats)
+        n_features = part.x.shape[1]
         torch.manual_seed(cfg.seed)
-        state = build_model(cfg.model, x.shape[1], mean, std).state_dict()
-        spec = TrainSpec(cfg, x.shape[1], state, DataRef(store, args.dataset, args.job_id),
-                         pos_weight=float((len(y) - y.sum()) / max(y.sum(), 1)), seed=cfg.seed)
+        state = build_model(cfg.model, n_features, mean, std).state_dict()
+        pos_weight = float((stats["n"] - stats["positives"]) / max(stats["positives"], 1))
+        spec = TrainSpec(cfg, n_features, state, DataRef(store, args.dataset, args.job_id),
+                         pos_weight=pos_weight, seed=cfg.seed)
         result = ddp.rank_main(rank, world, spec)
         dist.barrier()
         if rank == 0 and result is not None:
