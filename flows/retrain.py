@@ -64,6 +64,14 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
     # ---- plan: each shard goes only to the pool of the site it is pinned to
     plan = {s: [sh.id for sh in conf.dataset.shards_of(s)] for s in conf.sites.names}
     plan = {s: ids for s, ids in plan.items() if ids}
+    if ex.exists("plan", "plan.json"):  # a re-run of this job: it resumes only under the same configuration
+        before = ex.get_json("plan", "plan.json")
+        if before["config_hash"] != conf.config_hash():
+            raise ValueError(
+                f"job {job_id} was started with configuration hash {before['config_hash']}; this run's is "
+                f"{conf.config_hash()} (training {params.training!r}, overrides {overrides}). Re-run it with the "
+                "same training config and overrides to resume it, or leave job_id empty to start a new job.")
+        logger.info("job %s exists: resuming it (finished rounds are reused)", job_id)
     ex.put_json("plan", "plan.json", {"job_id": job_id, "dataset": conf.dataset_name, "shards": plan,
                                       "config_hash": conf.config_hash(), "training": t.model_dump(mode="json")})
     audit.append("job.planned", job_id=job_id, flow_run_id=fr_id, shards=plan, config_hash=conf.config_hash())
@@ -105,7 +113,8 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
             for rnd in range(t.rounds):
                 result = aggregate_round(ex, rnd, sites, t.federation.min_sites, t.federation.round_deadline_s,
                                          alive)
-                log_round(mlruns, rnd, result)
+                if not result["resumed"]:  # a resumed round was logged by the attempt that trained it
+                    log_round(mlruns, rnd, result)
                 rounds.append(result)
                 update_progress_artifact(progress, progress=100.0 * (rnd + 1) / t.rounds)
         except Exception as e:

@@ -46,23 +46,49 @@ def flat_params(conf: Conf) -> dict[str, Any]:
 
 @task(task_run_name="mlflow-start-{job_id}")
 def start_runs(conf: Conf, job_id: str, sites: list[str], flow_run_id: str | None) -> dict[str, str]:
-    """Create the parent run and one child run per site; returns their ids."""
+    """Create the parent run and one child run per site; returns their ids.
+
+    A re-run of the same job continues the runs its first attempt created, so the job's rounds stay
+    one metric series per site in MLflow.
+    """
+    logger = get_run_logger()
     client = MlflowClient()
     name = f"insitu-{conf.dataset_name}"
     exp = client.get_experiment_by_name(name)
     exp_id = exp.experiment_id if exp else client.create_experiment(name)
     tags = {"job_id": job_id, "prefect_flow_run_id": str(flow_run_id), "code_version": code_version(),
             "sites": ",".join(sites)}
-    parent = client.create_run(exp_id, run_name=f"retrain-{job_id}", tags=tags)
-    params = {**flat_params(conf), "sites": ",".join(sites)}
-    client.log_batch(parent.info.run_id, params=[Param(k, str(v)) for k, v in params.items()])
-    runs = {"parent": parent.info.run_id}
+    found = client.search_runs([exp_id], f"tags.job_id = '{job_id}'", max_results=1000)
+    parents = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
+    if parents:
+        parent_id = parents[0].info.run_id
+        logger.info("job %s re-run: continuing its MLflow run %s", job_id, parent_id)
+        client.set_tag(parent_id, "prefect_flow_run_id", str(flow_run_id))
+    else:
+        parent_id = client.create_run(exp_id, run_name=f"retrain-{job_id}", tags=tags).info.run_id
+        params = {**flat_params(conf), "sites": ",".join(sites)}
+        client.log_batch(parent_id, params=[Param(k, str(v)) for k, v in params.items()])
+    children = {r.data.tags.get("site"): r.info.run_id for r in found
+                if r.data.tags.get("mlflow.parentRunId") == parent_id}
+    runs = {"parent": parent_id}
     for s in sites:
-        child = client.create_run(exp_id, run_name=f"{s}-{job_id}",
-                                  tags={**tags, "mlflow.parentRunId": parent.info.run_id, "site": s})
-        client.log_batch(child.info.run_id, params=[Param("site", s)])
-        runs[s] = child.info.run_id
+        if s not in children:
+            child = client.create_run(exp_id, run_name=f"{s}-{job_id}",
+                                      tags={**tags, "mlflow.parentRunId": parent_id, "site": s})
+            client.log_batch(child.info.run_id, params=[Param("site", s)])
+            children[s] = child.info.run_id
+        runs[s] = children[s]
     return runs
+
+
+def job_version(client: MlflowClient, name: str, job_id: str) -> Any | None:
+    """The model version a job already registered (a re-run must not register a second one)."""
+    try:
+        versions = client.search_model_versions(f"name = '{name}'")
+    except mlflow.exceptions.MlflowException:
+        return None
+    mine = [v for v in versions if v.tags.get("job_id") == job_id]
+    return min(mine, key=lambda v: int(v.version)) if mine else None
 
 
 def _log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
@@ -91,9 +117,17 @@ def register_model(
     global_metrics: dict[str, float],
     sites: list[str],
 ) -> dict[str, Any]:
-    """Log final metrics, log and register the model, tag its lineage and set alias ``challenger``."""
+    """Log final metrics, log and register the model, tag its lineage and set alias ``challenger``.
+
+    A job registers one version: a re-run of a job that already registered returns that version.
+    """
     logger = get_run_logger()
     client = MlflowClient()
+    name = conf.training.registry.model_name
+    existing = job_version(client, name, job_id)
+    if existing is not None:
+        logger.info("job %s already registered %s version %s; not registering again", job_id, name, existing.version)
+        return {"model_name": name, "version": str(existing.version), "alias": "challenger", "run_id": runs["parent"]}
     parent_metrics = {f"global_test_{k}": v for k, v in global_metrics.items()}
     for s, m in site_metrics.items():
         _log_metrics(client, runs[s], {f"test_{k}": v for k, v in m.items()})
@@ -107,7 +141,6 @@ def register_model(
     with torch.no_grad():
         out = model(torch.from_numpy(example)).numpy()
     signature = infer_signature(example, out)
-    name = conf.training.registry.model_name
     active = mlflow.active_run()
     ctx = nullcontext() if active and active.info.run_id == runs["parent"] else mlflow.start_run(run_id=runs["parent"])
     with ctx:
@@ -188,6 +221,14 @@ def gate_and_promote(
             current = client.get_model_version_by_alias(name, "champion")
         except mlflow.exceptions.MlflowException:
             current = None
+        recorded = client.get_model_version(name, version).tags
+        if "gate" in recorded:  # a re-run of a job whose version was already judged: the decision stands
+            passed = recorded["gate"] == "passed"
+            logger.info("%s v%s was already judged (%s): %s", name, version, recorded["gate"],
+                        recorded.get("gate_reason"))
+            return {"passed": passed, "reason": recorded.get("gate_reason", ""), "primary_metric": gate.primary_metric,
+                    "candidate": candidate_global, "site_deltas": {}, "version": version, "previous_champion": None,
+                    "champion": str(current.version) if current is not None else None}
         evaluated = champion["version"] if champion else None
         if current is not None and str(current.version) != evaluated:
             logger.warning("champion moved to v%s since this job evaluated v%s; comparing with its recorded "

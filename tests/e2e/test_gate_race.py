@@ -55,6 +55,9 @@ def test_stale_candidate_is_judged_against_the_new_champion(platform: Platform) 
     assert not d["passed"] and d["previous_champion"] == better
     assert client.get_model_version_by_alias(name, "champion").version == better
     assert client.get_model_version(name, worse).tags["gate"] == "failed"
+    # a re-run of the worse job (same version) keeps the recorded decision, even with other numbers
+    again = promote(conf, worse, 0.99, v1)
+    assert not again["passed"] and client.get_model_version_by_alias(name, "champion").version == better
 
 
 def test_concurrent_promotions_leave_the_best_as_champion(platform: Platform) -> None:
