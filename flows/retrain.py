@@ -41,7 +41,8 @@ class RetrainParams(BaseModel):
 
     training: str = Field("fraud", description="training config: a name in conf/training/ or a path")
     dataset: str = Field("fraud", description="dataset in conf/datasets.yaml")
-    job_id: str | None = Field(None, description="reuse to resume a job; empty for a new one")
+    job_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+                               description="reuse to resume a job; empty for a new one")
     rounds: int | None = Field(None, ge=1, le=1000, description="override the config's rounds")
     local_epochs: int | None = Field(None, ge=1, le=100, description="override the config's local epochs")
     batch_size: int | None = Field(None, ge=1, le=1_000_000, description="override the config's batch size")
@@ -85,11 +86,17 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
               "overrides": overrides or None}
 
     # ---- prepare, in parallel on every site's pool
-    ids = start_site_runs("site-prepare", {s: {**common, "shards": shards} for s, shards in plan.items()})
-    runs = wait_for_runs(ids, params.phase_timeout_s)
-    bad = failed(runs)
-    sites = [s for s in plan if s not in bad]
-    _check_quorum("prepare", sites, bad, t.federation.min_sites, audit, job_id)
+    if ex.exists("stats", "global.json"):
+        # A re-run of a job that got past prepare: its rounds were trained on the data prepared then, so it
+        # is not prepared again (new raw data would otherwise mix into a half-trained job).
+        sites = [s for s in plan if ex.exists("stats", "prepare.json", writer=s)]
+        logger.info("job %s was prepared before on %s; reusing that preparation", job_id, sites)
+    else:
+        ids = start_site_runs("site-prepare", {s: {**common, "shards": shards} for s, shards in plan.items()})
+        runs = wait_for_runs(ids, params.phase_timeout_s)
+        bad = failed(runs)
+        sites = [s for s in plan if s not in bad]
+        _check_quorum("prepare", sites, bad, t.federation.min_sites, audit, job_id)
     stats = publish_global_stats(ex, conf, sites)
     publish_initial_weights(ex, conf, stats["norm"])
     mlruns = start_runs(conf, job_id, sites, fr_id)

@@ -32,13 +32,6 @@ def publish_global_stats(ex: Exchange, conf: Conf, sites: list[str]) -> dict[str
         # Balances the rare fraud class in the loss; the same weight on every site.
         "pos_weight": (total["n"] - pos) / max(pos, 1),
     }
-    if ex.exists("stats", "global.json"):  # a re-run of the same job: its rounds were trained on this data
-        before = ex.get_json("stats", "global.json")
-        if (before["n"], before["positives"], before["features"]) != (norm["n"], norm["positives"], norm["features"]):
-            raise ValueError(
-                f"job {ex.job_id} started on {before['n']} training rows ({before['positives']} positive) and the "
-                f"sites now prepared {norm['n']} ({pos}): the data changed since the job began, so its finished "
-                "rounds cannot be resumed. Start a new job (leave job_id empty).")
     ex.put_json("stats", "global.json", norm)
     return {"norm": norm, "per_site": per_site}
 

@@ -81,14 +81,14 @@ def start_runs(conf: Conf, job_id: str, sites: list[str], flow_run_id: str | Non
     return runs
 
 
-def job_version(client: MlflowClient, name: str, job_id: str) -> Any | None:
-    """The model version a job already registered (a re-run must not register a second one)."""
-    try:
-        versions = client.search_model_versions(f"name = '{name}'")
-    except mlflow.exceptions.MlflowException:
-        return None
-    mine = [v for v in versions if v.tags.get("job_id") == job_id]
-    return min(mine, key=lambda v: int(v.version)) if mine else None
+def job_version(client: MlflowClient, name: str, parent_run_id: str) -> Any | None:
+    """The model version a job already registered from its parent run (a re-run must not add another).
+
+    Found by the run it was logged from, not by a tag: a crash between creating the version and tagging
+    it must not make the re-run register a second one.
+    """
+    versions = client.search_model_versions(f"name = '{name}' and run_id = '{parent_run_id}'")
+    return min(versions, key=lambda v: int(v.version)) if versions else None
 
 
 def _log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
@@ -124,10 +124,42 @@ def register_model(
     logger = get_run_logger()
     client = MlflowClient()
     name = conf.training.registry.model_name
-    existing = job_version(client, name, job_id)
+    existing = job_version(client, name, runs["parent"])
     if existing is not None:
-        logger.info("job %s already registered %s version %s; not registering again", job_id, name, existing.version)
-        return {"model_name": name, "version": str(existing.version), "alias": "challenger", "run_id": runs["parent"]}
+        version = str(existing.version)
+        logger.info("job %s already registered %s version %s; not registering again", job_id, name, version)
+        if "gate" in existing.tags:  # judged already: its tags are complete, and `challenger` may have moved on
+            return {"model_name": name, "version": version, "alias": "challenger", "run_id": runs["parent"]}
+    else:
+        version = _log_and_register(conf, runs, state, norm, site_metrics, global_metrics)
+    tags = {"job_id": job_id, "dataset": conf.dataset_name, "sites": ",".join(sites),
+            "config_hash": conf.config_hash(), "code_version": code_version(),
+            "features": ",".join(norm["features"])}
+    for k, v in tags.items():
+        client.set_model_version_tag(name, version, k, v)
+    for k, v in global_metrics.items():
+        if not np.isnan(v):
+            client.set_model_version_tag(name, version, f"global_test_{k}", f"{v:.6f}")
+    for s, m in site_metrics.items():
+        for k in ("pr_auc", "roc_auc"):
+            if k in m and not np.isnan(m[k]):
+                client.set_model_version_tag(name, version, f"site_{s}_test_{k}", f"{m[k]:.6f}")
+    client.set_registered_model_alias(name, "challenger", version)
+    logger.info("registered %s version %s, alias challenger", name, version)
+    return {"model_name": name, "version": version, "alias": "challenger", "run_id": runs["parent"]}
+
+
+def _log_and_register(
+    conf: Conf,
+    runs: dict[str, str],
+    state: dict[str, torch.Tensor],
+    norm: dict[str, Any],
+    site_metrics: dict[str, dict[str, float]],
+    global_metrics: dict[str, float],
+) -> str:
+    """Log the test metrics and the model on the job's runs; register it; returns the new version."""
+    client = MlflowClient()
+    name = conf.training.registry.model_name
     parent_metrics = {f"global_test_{k}": v for k, v in global_metrics.items()}
     for s, m in site_metrics.items():
         _log_metrics(client, runs[s], {f"test_{k}": v for k, v in m.items()})
@@ -146,22 +178,7 @@ def register_model(
     with ctx:
         info = mlflow.pytorch.log_model(model, name="model", signature=signature, input_example=example,
                                         serialization_format="pickle", registered_model_name=name)
-    version = str(info.registered_model_version)
-    tags = {"job_id": job_id, "dataset": conf.dataset_name, "sites": ",".join(sites),
-            "config_hash": conf.config_hash(), "code_version": code_version(),
-            "features": ",".join(norm["features"])}
-    for k, v in tags.items():
-        client.set_model_version_tag(name, version, k, v)
-    for k, v in global_metrics.items():
-        if not np.isnan(v):
-            client.set_model_version_tag(name, version, f"global_test_{k}", f"{v:.6f}")
-    for s, m in site_metrics.items():
-        for k in ("pr_auc", "roc_auc"):
-            if k in m and not np.isnan(m[k]):
-                client.set_model_version_tag(name, version, f"site_{s}_test_{k}", f"{m[k]:.6f}")
-    client.set_registered_model_alias(name, "challenger", version)
-    logger.info("registered %s version %s, alias challenger", name, version)
-    return {"model_name": name, "version": version, "alias": "challenger", "run_id": runs["parent"]}
+    return str(info.registered_model_version)
 
 
 @task(task_run_name="load-champion")
@@ -237,11 +254,12 @@ def gate_and_promote(
         elif current is None:
             champion_global, champion_sites = None, None
         decision = decide(gate, candidate_global, candidate_sites, champion_global, champion_sites)
-        client.set_model_version_tag(name, version, "gate", "passed" if decision.passed else "failed")
         client.set_model_version_tag(name, version, "gate_reason", decision.reason)
         if decision.passed:
             client.set_registered_model_alias(name, "champion", version)
             # The previous champion keeps its version; `challenger` stays on the newest candidate.
+        # Written last: a re-run trusts a recorded decision only if everything it implies was done.
+        client.set_model_version_tag(name, version, "gate", "passed" if decision.passed else "failed")
     logger.info("gate %s for %s v%s: %s", "PASSED" if decision.passed else "FAILED", name, version,
                 decision.reason)
     return {**decision.as_dict(), "version": version,

@@ -1,8 +1,11 @@
 """Read a site's prepared split: whole (evaluation) or one rank's part of it (distributed training).
 
 A rank's part is a contiguous block of the split, in shard order, found from the Parquet footers: the
-rank reads only the row groups that overlap its block (``DistributedSampler`` with ``drop_last``, at
-row-group granularity), never the other ranks' rows.
+rank reads only the row groups that overlap its block, so beyond its own rows it reads at most the rest
+of the (8,192-row) groups at its block's two ends. Blocks have equal sizes; the split's last
+``rows % world`` rows are left out (as ``drop_last=True`` does in ``DistributedSampler``, whose rows are
+interleaved rather than contiguous). Files are opened without read-ahead (``cache_type="none"``): s3fs
+would otherwise fetch many MiB past each requested range.
 """
 
 from __future__ import annotations
@@ -67,9 +70,16 @@ def load_rank_part(store: Store, dataset: str, job_id: str, split: str, rank: in
     fs = store.fs
     layout: list[tuple[str, int, int, int]] = []  # (file, row group, first row, rows)
     total = 0
+    columns: list[str] = []
     for path in split_files(store, dataset, job_id, split):
-        with fs.open(path, "rb") as f:
+        with fs.open(path, "rb", cache_type="none") as f:
             meta = pq.ParquetFile(f).metadata
+        names = list(meta.schema.names)
+        if not columns:
+            columns = names
+        elif sorted(names) != sorted(columns):
+            raise ValueError(f"prepared file {path} has columns {names}, other files of the split have {columns}: "
+                             "the split mixes preparations; re-run site-prepare for this job")
         for g in range(meta.num_row_groups):
             n = meta.row_group(g).num_rows
             layout.append((path, g, total, n))
@@ -84,9 +94,10 @@ def load_rank_part(store: Store, dataset: str, job_id: str, split: str, rank: in
     first = wanted[0][2]
     for path in dict.fromkeys(p for p, *_ in wanted):
         groups = [g for p, g, *_ in wanted if p == path]
-        with fs.open(path, "rb") as f:
-            tables.append(pq.ParquetFile(f).read_row_groups(groups))
-    x, y = _arrays(pa.concat_tables(tables, promote_options="default"))
+        with fs.open(path, "rb", cache_type="none") as f:
+            # select(): every rank sees the columns in one order, whatever order a file stores them in
+            tables.append(pq.ParquetFile(f).read_row_groups(groups, columns=columns).select(columns))
+    x, y = _arrays(pa.concat_tables(tables))
     # Copies: Arrow hands out read-only views, and the part is kept (cached) for the job's later rounds.
     x, y = x[lo - first : hi - first].copy(), y[lo - first : hi - first].copy()
     return RankPart(x, y, total, lo, [(p, g) for p, g, *_ in wanted])

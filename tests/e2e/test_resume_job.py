@@ -88,7 +88,11 @@ def test_rerun_with_the_same_job_id_resumes_after_the_last_finished_round(
             if not r.state.is_final():
                 c.set_flow_run_state(r.id, Cancelling(), force=True)
     assert _wait(first, 300).state.is_cancelled()
+    for r in runs:  # no old site run may still be alive when the re-run starts
+        _wait(r.id, 300)
     ex.fs.invalidate_cache()
+    # the premise: the job stopped inside round 1, so the re-run has a round left to train
+    assert not ex.fs.exists(f"{job}/weights/coordinator/round-0002.manifest.json"), "round 1 finished before the cancel"
     round0 = {p: ex.fs.cat(p) for p in [f"{job}/weights/coordinator/round-0001.manifest.json",
                                         *(f"{job}/update/{s}/round-0000.manifest.json" for s in ("eu", "us", "apac"))]}
     assert not ex.fs.exists(f"{job}/summary/coordinator/summary.json")
@@ -107,6 +111,10 @@ def test_rerun_with_the_same_job_id_resumes_after_the_last_finished_round(
     assert ex.fs.exists(f"{job}/weights/coordinator/round-0002.manifest.json")
     for s in ("eu", "us", "apac"):
         assert any("round 0 already published by this site" in m for m in _logs(f"site-train-{s}-{job_id}")), s
+    with get_client(sync_client=True) as c:
+        prepares = c.read_flow_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=f"site-prepare-eu-{job_id}")))
+    assert len(prepares) == 1, "the re-run must reuse the job's prepared data, not prepare again"
 
     client = MlflowClient(deployed.mlflow_url)
     versions = [v for v in client.search_model_versions(f"name = '{MODEL}'") if v.tags.get("job_id") == job_id]

@@ -32,9 +32,9 @@ EVERY = 20  # checkpoint interval (steps)
 
 
 def _training_config(tmp_path: Path, conf_dir: Path) -> Path:
-    """The demo config, with one round long enough (~130 steps per site) to be killed in its middle."""
+    """The demo config, with one round long enough (~260 steps per site) to be killed in its middle."""
     cfg = yaml.safe_load((conf_dir / "training" / "fraud.yaml").read_text())
-    cfg.update(rounds=1, local_epochs=2, batch_size=32, checkpoint={"enabled": True, "every_steps": EVERY})
+    cfg.update(rounds=1, local_epochs=4, batch_size=32, checkpoint={"enabled": True, "every_steps": EVERY})
     # the retry restarts a worker process and re-imports torch: don't let the round's deadline skip eu
     cfg["federation"]["round_deadline_s"] = 900
     path = tmp_path / "fraud_kill.yaml"
@@ -74,6 +74,11 @@ def test_killed_rank_worker_round_retries_from_checkpoint_and_job_registers(
         time.sleep(0.1)
     victim = sorted(pids)[-1]  # launch puts rank 1 on the second worker (sorted by address)
     os.kill(pids[victim], signal.SIGKILL)  # its nanny starts a fresh worker process
+    sec = deployed.state["secrets"]["exchange"]
+    ex = Store("s3://insitu-exchange/", {"key": sec["access_key"], "secret": sec["secret_key"],
+                                         "client_kwargs": {"endpoint_url": deployed.s3_endpoint("exchange")}})
+    update = ex.path(f"jobs/{job_id}/update/eu/round-0000.manifest.json")
+    assert not ex.fs.exists(update), "eu had finished its round before the kill: nothing was interrupted"
 
     deadline = time.monotonic() + 900
     with get_client(sync_client=True) as c:
@@ -88,10 +93,8 @@ def test_killed_rank_worker_round_retries_from_checkpoint_and_job_registers(
     assert tr.run_count == 2 and tr.state.is_completed(), (tr.run_count, tr.state)
 
     # The retry resumed from the newest checkpoint, so at most one interval of work was redone.
-    sec = deployed.state["secrets"]["exchange"]
-    ex = Store("s3://insitu-exchange/", {"key": sec["access_key"], "secret": sec["secret_key"],
-                                         "client_kwargs": {"endpoint_url": deployed.s3_endpoint("exchange")}})
-    manifest = json.loads(ex.fs.cat(ex.path(f"jobs/{job_id}/update/eu/round-0000.manifest.json")))
+    ex.fs.invalidate_cache()
+    manifest = json.loads(ex.fs.cat(update))
     m = manifest["metrics"]
     assert m["resumed_from_step"] >= seen > 0, (m, seen)
     assert m["steps"] == m["global_steps"] - m["resumed_from_step"]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from insitu.data.loader import load_rank_part, load_split
@@ -41,20 +42,52 @@ def test_rank_parts_are_disjoint_equal_blocks_that_cover_the_split(tmp_path: Pat
         assert np.array_equal(p.x[:, 1], p.y * 2)
 
 
-def test_a_rank_reads_only_the_row_groups_of_its_block(tmp_path: Path) -> None:
+def test_a_rank_reads_only_the_row_groups_of_its_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store, ids = _split(tmp_path, [250, 130, 321], row_group=50)  # 5 + 3 + 7 row groups
-    world = 4
-    per_rank = len(ids) // world  # 175
+    read: list[tuple[int, tuple[int, ...]]] = []  # (rows in the file, groups) of every read that happened
+    real = pq.ParquetFile.read_row_groups
+
+    def recording(self: pq.ParquetFile, row_groups: list[int], *a: object, **k: object) -> object:
+        read.append((self.metadata.num_rows, tuple(row_groups)))
+        return real(self, row_groups, *a, **k)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", recording)
+    world = 4  # blocks of 175 rows: [0,175) [175,350) [350,525) [525,700)
+    expected = [
+        [(250, (0, 1, 2, 3))],                    # rows 0-199 of shard 0
+        [(250, (3, 4)), (130, (0, 1))],           # 150-249 of shard 0, 250-349 of shard 1
+        [(130, (2,)), (321, (0, 1, 2))],          # 350-379 of shard 1, 380-529 of shard 2
+        [(321, (2, 3, 4, 5, 6))],                 # 480-700 of shard 2
+    ]
     for r in range(world):
+        read.clear()
         part = load_rank_part(store, "toy", "job", "train", r, world)
-        # a block of 175 rows spans at most ceil(175 / 50) + 1 row groups (+1 per shard boundary inside it)
-        assert len(part.row_groups_read) <= 6, part.row_groups_read
-        assert part.first_row == r * per_rank
-    # rank 0 never opens the last shard's data, the last rank never the first shard's
-    assert {f for f, _ in load_rank_part(store, "toy", "job", "train", 0, world).row_groups_read} == {
-        str(tmp_path / prepared_prefix("toy", "job") / "train" / "shard-000.parquet")}
-    last = load_rank_part(store, "toy", "job", "train", world - 1, world).row_groups_read
-    assert all("shard-000" not in f for f, _ in last)
+        assert read == expected[r], (r, read)
+        assert part.first_row == r * (len(ids) // world)
+
+
+def test_column_order_is_the_same_on_every_rank_whatever_a_file_stores(tmp_path: Path) -> None:
+    store, ids = _split(tmp_path, [100, 100], row_group=30)
+    second = tmp_path / prepared_prefix("toy", "job") / "train" / "shard-001.parquet"
+    frame = pd.read_parquet(second)
+    frame[["label", "f2", "f0", "f1"]].to_parquet(second, index=False, row_group_size=30)  # same data, reordered
+    for r in range(2):
+        part = load_rank_part(store, "toy", "job", "train", r, 2)
+        assert np.array_equal(part.x[:, 1], part.y * 2) and np.array_equal(part.x[:, 2], part.y * 3)
+
+
+def test_an_empty_shard_file_is_skipped(tmp_path: Path) -> None:
+    store, ids = _split(tmp_path, [60, 0, 41], row_group=16)
+    parts = [load_rank_part(store, "toy", "job", "train", r, 3) for r in range(3)]
+    assert np.array_equal(np.concatenate([p.y for p in parts]), ids[:99])
+
+
+def test_files_of_different_preparations_are_refused(tmp_path: Path) -> None:
+    store, _ = _split(tmp_path, [40, 40], row_group=16)
+    second = tmp_path / prepared_prefix("toy", "job") / "train" / "shard-001.parquet"
+    pd.read_parquet(second).drop(columns=["f2"]).to_parquet(second, index=False)
+    with pytest.raises(ValueError, match="mixes preparations"):
+        load_rank_part(store, "toy", "job", "train", 0, 2)
 
 
 def test_one_rank_reads_the_whole_split_like_load_split(tmp_path: Path) -> None:
