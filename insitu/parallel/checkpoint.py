@@ -39,8 +39,9 @@ class Checkpointer:
     def latest(self) -> dict[str, Any] | None:
         self.fs.invalidate_cache()
         try:
-            with self.fs.open(self._latest_path(), "r") as f:
-                return json.loads(f.read())
+            # One GET of the whole object: reading through fs.open() pins the object's ETag, and rank 0
+            # replacing latest.json between the two requests fails the read (s3fs FileExpired).
+            return json.loads(self.fs.cat_file(self._latest_path()))
         except FileNotFoundError:
             return None
 
