@@ -90,11 +90,13 @@ def test_files_of_different_preparations_are_refused(tmp_path: Path) -> None:
         load_rank_part(store, "toy", "job", "train", 0, 2)
 
 
-def test_one_rank_reads_the_whole_split_like_load_split(tmp_path: Path) -> None:
+def test_load_split_is_every_row_in_shard_order(tmp_path: Path) -> None:
     store, _ = _split(tmp_path, [40, 70], row_group=16)
-    part = load_rank_part(store, "toy", "job", "train", 0, 1)
     x, y = load_split(store, "toy", "job", "train")
-    assert np.array_equal(part.x, x) and np.array_equal(part.y, y)
+    files = sorted((tmp_path / prepared_prefix("toy", "job") / "train").glob("*.parquet"))
+    expected = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)  # an independent reader
+    assert np.array_equal(y, expected.pop("label").to_numpy(np.float32))
+    assert np.array_equal(x, expected.to_numpy(np.float32))
 
 
 def test_more_ranks_than_rows_is_a_clear_error(tmp_path: Path) -> None:
