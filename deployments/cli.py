@@ -75,6 +75,7 @@ def up(
         p.apply_env()
         with console.status("starting the local platform (Prefect, MLflow, S3 per site, Dask per site, workers)…"):
             res = p.up()
+        p.apply_env()  # the S3 keys exist only once the endpoints' IAM issued them
     except (PlatformError, ConfigError) as e:
         console.print(f"[red]{e}[/red]")
         raise typer.Exit(1) from None

@@ -14,6 +14,7 @@ from pathlib import Path
 from prefect import Flow
 from prefect.schedules import Cron
 
+from deployments.worker_policy import COORDINATOR_FLOWS, SITE_FLOWS
 from insitu.config import SitesConfig, load_training
 
 log = logging.getLogger(__name__)
@@ -22,23 +23,18 @@ REPO = Path(__file__).resolve().parent.parent
 WEEKLY_CRON = "0 3 * * 1"
 SCHEDULE_TIMEZONE = "Europe/Berlin"
 DEFAULT_PARAMETERS: dict[str, object] = {"training": "fraud", "dataset": "fraud"}
-SITE_FLOWS = {
-    "site-prepare": "flows/site_prepare.py:site_prepare",
-    "site-train": "flows/site_train.py:site_train",
-    "site-evaluate": "flows/site_evaluate.py:site_evaluate",
-}
 
 
 def deploy_all(sites: SitesConfig, source: Path = REPO) -> list[str]:
     """Create or update every deployment; returns their names (``flow/deployment``)."""
     names = []
-    for flow_name, entrypoint in SITE_FLOWS.items():
+    for flow_name, (entrypoint, _) in SITE_FLOWS.items():
         f = Flow.from_source(source=str(source), entrypoint=entrypoint)
         for s in sites.sites:
             f.to_deployment(name=s.name, work_pool_name=s.work_pool, tags=["insitu", f"site:{s.name}"],
                             description=f"{flow_name} on site {s.name}'s own pool").apply()
             names.append(f"{flow_name}/{s.name}")
-    f = Flow.from_source(source=str(source), entrypoint="flows/retrain.py:retrain")
+    f = Flow.from_source(source=str(source), entrypoint=COORDINATOR_FLOWS["retrain"][0])
     f.to_deployment(
         name="coordinator", work_pool_name=sites.coordinator.work_pool, tags=["insitu", "coordinator"],
         description="Federated retraining across all sites: plan, prepare, train, evaluate, gate, register.",

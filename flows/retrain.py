@@ -13,7 +13,6 @@ from typing import Any
 import mlflow
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
-from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
 from insitu.config import load_conf
@@ -23,6 +22,7 @@ from insitu.governance.audit import AuditLog
 from insitu.metrics import weighted_global
 from insitu.storage import store_from_env
 from insitu.summary import job_summary, summary_markdown
+from tasks.context import actor_identity
 from tasks.dispatch import failed, run_states, start_site_runs, wait_for_runs
 from tasks.federation import aggregate_round, publish_global_stats, publish_initial_weights
 from tasks.registry import (
@@ -58,9 +58,9 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
                                     "batch_size": params.batch_size}.items() if v is not None}
     conf = load_conf(params.training, params.dataset, overrides=overrides or None)
     t = conf.training
-    audit = AuditLog.from_env("coordinator")
+    ident, fr_id = actor_identity("coordinator", job_id)
+    audit = ident.audit()
     ex = Exchange(store_from_env(conf.sites.exchange, "exchange"), job_id, writer="coordinator")
-    fr_id = flow_run.get_id()
 
     # ---- plan: each shard goes only to the pool of the site it is pinned to
     plan = {s: [sh.id for sh in conf.dataset.shards_of(s)] for s in conf.sites.names}

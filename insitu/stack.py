@@ -1,14 +1,17 @@
 """The local multi-site platform: every server and worker of the product, on 127.0.0.1.
 
-``Platform(state_dir).up()`` starts (or reuses) a Prefect server, an MLflow tracking server, one S3
-endpoint per site plus one for the exchange (moto in server mode), a Dask scheduler with workers per
-site, the work pools, and one Prefect process worker per pool. Each site's worker and Dask workers
-are started with *only that site's* environment: its own store's endpoint and keys, the exchange's,
-its Dask scheduler, its audit log and key. The coordinator's worker holds the exchange and MLflow,
-and no site's store. ``down()`` stops exactly the processes ``up()`` recorded, by PID.
+``Platform(state_dir).up()`` starts (or reuses) a Prefect server (authentication on), an MLflow
+tracking server (its basic-auth app: only the coordinator's service account writes the registry), one
+S3 endpoint per site plus one for the exchange (moto in server mode with IAM authentication: one IAM
+user per site, allowed only its own bucket and its own prefixes of the exchange), a Dask scheduler with
+workers per site (mutual TLS with the site's own CA), the work pools (locked job templates), and one
+insitu worker per pool (``deployments/worker.py``) that refuses runs carrying overrides.
 
-Everything lives under one state directory (``.insitu/`` by default): ``state.json`` (ports, PIDs,
-keys), ``logs/``, the Prefect and MLflow databases, MLflow artifacts, audit logs.
+Each site is an *actor* with a home ``actors/<site>/`` holding its identity file, TLS keys, audit log
+and temporary files; when the platform runs as root each actor's processes run as its own OS user
+``insitu-<actor>`` and its home is 0700, so a site's process can read only its own secrets. The state
+file (ports, PIDs, every credential: the operator's copy) is root's, 0600, and its directory is never
+handed to a site process. ``down()`` stops exactly the processes ``up()`` recorded, by PID.
 """
 
 from __future__ import annotations
@@ -25,19 +28,30 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from insitu.config import SitesConfig, load_sites
+from insitu.governance.identity import ENV_IDENTITY, Identity, write_identity
+from insitu.stack_users import (
+    Account,
+    can_isolate,
+    current_account,
+    ensure_account,
+    ensure_traversable,
+    make_private_dir,
+)
 
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_PORTS = {"prefect": 4200, "mlflow": 5055, "s3-exchange": 9100}
-_BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "USER", "SHELL")
+STATE_FORMAT = 2
+_BASE_ENV = ("PATH", "LANG", "LC_ALL", "SHELL")
+COORDINATOR = "coordinator"
 
 
 class PlatformError(RuntimeError):
@@ -90,6 +104,8 @@ class Component:
     env: dict[str, str]
     healthy: Callable[[], bool]
     timeout: float = 90.0
+    account: Account | None = None  # run as this OS user (None: as the caller)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Platform:
@@ -101,18 +117,26 @@ class Platform:
         conf_dir: str | os.PathLike[str] | None = None,
         ports: dict[str, int] | None = None,
         free_ports: bool = False,
+        isolate_users: bool | None = None,
     ) -> None:
         self.dir = Path(state_dir).resolve()
         self.conf_dir = Path(conf_dir or REPO / "conf").resolve()
         self.sites: SitesConfig = load_sites(self.conf_dir / "sites.yaml")
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self.state = self._load_state()
+        if self.state.get("format") != STATE_FORMAT and not any(
+                _alive(pid) for pid in self.state.get("pids", {}).values()):
+            self.state = {}  # an older layout with nothing running: start afresh
+        self.state["format"] = STATE_FORMAT
         if not self.state.get("ports"):
             self.state["ports"] = self._choose_ports(ports or {}, free_ports)
         elif ports:
             self.state["ports"].update(ports)
         if not self.state.get("secrets"):
             self.state["secrets"] = self._new_secrets()
+        self.isolate = can_isolate() if isolate_users is None else isolate_users
+        if self.isolate and not can_isolate():
+            raise PlatformError("separate OS users per site need root; run as root or pass isolate_users=False")
 
     # ------------------------------------------------------------------ state
     @property
@@ -127,7 +151,9 @@ class Platform:
     def _save_state(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state, indent=2))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(self.state, indent=2))
         os.chmod(tmp, 0o600)
         os.replace(tmp, self.state_file)
 
@@ -140,15 +166,47 @@ class Platform:
             defaults[f"dask-{s.name}"] = 8701 + i
         return {n: given.get(n) or (free_port() if free else defaults[n]) for n in names}
 
-    def _new_secrets(self) -> dict[str, dict[str, str]]:
-        out: dict[str, dict[str, str]] = {}
-        for owner in ["exchange", "coordinator", *self.sites.names]:
-            out[owner] = {
-                "access_key": f"{owner}-" + secrets.token_hex(6),
-                "secret_key": secrets.token_hex(16),
-                "audit_key": secrets.token_hex(32),
-            }
-        return out
+    def _new_secrets(self) -> dict[str, Any]:
+        """Secrets the platform chooses itself; S3 keys are issued by each endpoint's IAM when it starts."""
+        return {
+            "audit": {a: secrets.token_hex(32) for a in self.actors},
+            "prefect_auth": f"insitu:{secrets.token_urlsafe(24)}",
+            "mlflow": {u: secrets.token_urlsafe(18) for u in ("admin", COORDINATOR, "operator", "flask-secret")},
+            "s3": {},
+        }
+
+    # ------------------------------------------------------------------ actors
+    @property
+    def actors(self) -> list[str]:
+        return [COORDINATOR, *self.sites.names]
+
+    def account(self, actor: str) -> Account:
+        """The OS user an actor's processes run as (its own when isolated, else the caller)."""
+        return ensure_account(f"insitu-{actor}") if self.isolate else current_account()
+
+    def actor_home(self, actor: str) -> Path:
+        return self.dir / "actors" / actor
+
+    def identity_file(self, actor: str) -> Path:
+        return self.actor_home(actor) / "identity.json"
+
+    def work_pool(self, actor: str) -> str:
+        return self.sites.coordinator.work_pool if actor == COORDINATOR else self.sites.site(actor).work_pool
+
+    def audit_log(self, actor: str) -> Path:
+        return self.actor_home(actor) / "audit" / f"{actor}.jsonl"
+
+    def audit_key(self, actor: str) -> bytes:
+        return bytes.fromhex(self.state["secrets"]["audit"][actor])
+
+    def tls_dir(self, site: str) -> Path:
+        return self.actor_home(site) / "tls"
+
+    def dask_security(self, site: str) -> Any:
+        """The ``distributed.security.Security`` of ``site``'s own processes (operator and tests)."""
+        from insitu.governance.pki import load_site_pki
+
+        return load_site_pki(self.tls_dir(site)).security()
 
     # ------------------------------------------------------------------ urls and environments
     def port(self, name: str) -> int:
@@ -163,103 +221,149 @@ class Platform:
         return f"http://127.0.0.1:{self.port('prefect')}"
 
     @property
+    def prefect_auth(self) -> str:
+        return str(self.state["secrets"]["prefect_auth"])
+
+    @property
     def mlflow_url(self) -> str:
         return f"http://127.0.0.1:{self.port('mlflow')}"
+
+    def mlflow_password(self, user: str) -> str:
+        return str(self.state["secrets"]["mlflow"][user])
 
     def s3_endpoint(self, owner: str) -> str:
         return f"http://127.0.0.1:{self.port(f's3-{owner}')}"
 
     def dask_address(self, site: str) -> str:
-        return f"tcp://127.0.0.1:{self.port(f'dask-{site}')}"
+        return f"tls://127.0.0.1:{self.port(f'dask-{site}')}"
 
-    def audit_log(self, actor: str) -> Path:
-        return self.dir / "audit" / f"{actor}.jsonl"
+    def s3_credentials(self, server: str, user: str) -> tuple[str, str]:
+        """The (access key, secret) IAM issued to ``user`` on ``server``'s endpoint (a site or 'exchange')."""
+        try:
+            c = self.state["secrets"]["s3"][server][user]
+        except KeyError:
+            raise PlatformError(f"no S3 credentials for {user} on {server}'s endpoint: is the platform up?") from None
+        return c["access_key"], c["secret_key"]
 
-    def audit_key(self, actor: str) -> bytes:
-        return bytes.fromhex(self.state["secrets"][actor]["audit_key"])
+    def storage_options(self, server: str, user: str) -> dict[str, Any]:
+        """s3fs options for ``user`` on ``server``'s endpoint (tests and the operator)."""
+        key, secret = self.s3_credentials(server, user)
+        return {"key": key, "secret": secret, "skip_instance_cache": True,
+                "client_kwargs": {"endpoint_url": self.s3_endpoint(server)}}
 
-    def _base_env(self) -> dict[str, str]:
+    def _base_env(self, actor: str | None = None) -> dict[str, str]:
+        """What every process gets; an actor's own home, user and temporary directory when ``actor`` is set."""
         env = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
+        home = self.actor_home(actor) if actor else self.dir
+        tmp = home / "tmp"
         env.update(
             {
+                "HOME": str(home),
+                "USER": self.account(actor).name if actor else current_account().name,
                 "PYTHONUNBUFFERED": "1",
-                "TMPDIR": str(self.dir / "tmp"),
+                "TMPDIR": str(tmp),
                 "AWS_DEFAULT_REGION": "us-east-1",
                 "OMP_NUM_THREADS": "1",
                 "MKL_NUM_THREADS": "1",
                 "INSITU_CONF": str(self.conf_dir),
-                "INSITU_HOME": str(self.dir),
-                "DASK_TEMPORARY_DIRECTORY": str(self.dir / "tmp"),
+                "DASK_TEMPORARY_DIRECTORY": str(tmp),
                 "DASK_DISTRIBUTED__WORKER__DAEMON": "False",
+                "MPLCONFIGDIR": str(tmp / "matplotlib"),
             }
         )
         return env
 
-    def _prefect_env(self) -> dict[str, str]:
+    def _prefect_env(self, actor: str | None = None) -> dict[str, str]:
+        home = self.actor_home(actor) / "prefect" if actor else self.dir / "prefect-client"
         return {
             "PREFECT_API_URL": self.prefect_api_url,
-            "PREFECT_HOME": str(self.dir / "prefect-client"),
+            "PREFECT_API_AUTH_STRING": self.prefect_auth,
+            "PREFECT_HOME": str(home),
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "PREFECT_WORKER_QUERY_SECONDS": "1",
             "PREFECT_WORKER_PREFETCH_SECONDS": "5",
             "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
         }
 
-    def _store_env(self, owner: str) -> dict[str, str]:
-        ref = self.sites.exchange if owner == "exchange" else self.sites.site(owner)
-        sec = self.state["secrets"][owner]
+    def _store_env(self, server: str, user: str) -> dict[str, str]:
+        """The variables ``sites.yaml`` names for ``server``'s store, holding ``user``'s own IAM keys."""
+        ref = self.sites.exchange if server == "exchange" else self.sites.site(server)
         env: dict[str, str] = {}
         if ref.endpoint_env:
-            env[ref.endpoint_env] = self.s3_endpoint(owner)
+            env[ref.endpoint_env] = self.s3_endpoint(server)
+        if server not in self.state["secrets"]["s3"]:
+            return env  # not provisioned yet (before up): the endpoint alone
+        key, secret = self.s3_credentials(server, user)
         if ref.key_env:
-            env[ref.key_env] = sec["access_key"]
+            env[ref.key_env] = key
         if ref.secret_env:
-            env[ref.secret_env] = sec["secret_key"]
+            env[ref.secret_env] = secret
         return env
 
+    def _dask_tls_env(self, site: str) -> dict[str, str]:
+        """Dask's own configuration, as variables: every connection of this site's processes is mutual TLS."""
+        from insitu.governance.pki import CA_CERT, LEAF_CERT, LEAF_KEY
+
+        d = self.tls_dir(site)
+        ca, cert, key = str(d / CA_CERT), str(d / LEAF_CERT), str(d / LEAF_KEY)
+        return {
+            "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
+            "DASK_DISTRIBUTED__COMM__TLS__CA_FILE": ca,
+            "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT": cert,
+            "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY": key,
+            "DASK_DISTRIBUTED__COMM__TLS__WORKER__CERT": cert,
+            "DASK_DISTRIBUTED__COMM__TLS__WORKER__KEY": key,
+            "DASK_DISTRIBUTED__COMM__TLS__SCHEDULER__CERT": cert,
+            "DASK_DISTRIBUTED__COMM__TLS__SCHEDULER__KEY": key,
+        }
+
     def site_env(self, site: str) -> dict[str, str]:
-        """The whole environment of one site's worker: its own store, the exchange, nothing else."""
+        """The whole environment of one site's worker: its own store, its own keys to the exchange, nothing else."""
         s = self.sites.site(site)
         return {
-            **self._base_env(),
-            **self._prefect_env(),
-            **self._store_env(site),
-            **self._store_env("exchange"),
+            **self._base_env(site),
+            **self._prefect_env(site),
+            **self._store_env(site, site),
+            **self._store_env("exchange", site),
+            **self._dask_tls_env(site),
             s.dask.scheduler_env: self.dask_address(site),
-            "INSITU_SITE": site,
-            "INSITU_AUDIT_LOG": str(self.audit_log(site)),
-            "INSITU_AUDIT_KEY": self.state["secrets"][site]["audit_key"],
+            ENV_IDENTITY: str(self.identity_file(site)),
         }
 
     def dask_env(self, site: str) -> dict[str, str]:
-        """A site's Dask workers read that site's store only."""
+        """A site's Dask scheduler and workers read that site's store only."""
         # Dask's statistical profiler samples the running thread every 10 ms and takes the GIL to do it:
         # it cost 15-20% of DDP training throughput (bench/ddp_overhead.py).
-        return {**self._base_env(), **self._store_env(site), "INSITU_SITE": site,
+        return {**self._base_env(site), **self._store_env(site, site), **self._dask_tls_env(site),
                 "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False"}
 
     def coordinator_env(self) -> dict[str, str]:
         return {
-            **self._base_env(),
-            **self._prefect_env(),
-            **self._store_env("exchange"),
-            "INSITU_ROLE": "coordinator",
+            **self._base_env(COORDINATOR),
+            **self._prefect_env(COORDINATOR),
+            **self._store_env("exchange", COORDINATOR),
             "MLFLOW_TRACKING_URI": self.mlflow_url,
-            "INSITU_AUDIT_LOG": str(self.audit_log("coordinator")),
-            "INSITU_AUDIT_KEY": self.state["secrets"]["coordinator"]["audit_key"],
+            "MLFLOW_TRACKING_USERNAME": COORDINATOR,
+            "MLFLOW_TRACKING_PASSWORD": self.mlflow_password(COORDINATOR),
+            ENV_IDENTITY: str(self.identity_file(COORDINATOR)),
         }
 
     def operator_env(self) -> dict[str, str]:
-        """The local operator (CLI, tests): may reach every store, to seed data and to inspect."""
-        env = {**self._base_env(), **self._prefect_env(), **self._store_env("exchange")}
+        """The local operator (CLI, tests): seeds each site's store with that site's keys, reads the
+        exchange with the coordinator's, reads MLflow (never writes it), and reaches the Prefect API."""
+        env = {**self._base_env(), **self._prefect_env(), **self._store_env("exchange", COORDINATOR)}
         for s in self.sites.names:
-            env.update(self._store_env(s))
+            env.update(self._store_env(s, s))
             env[self.sites.site(s).dask.scheduler_env] = self.dask_address(s)
-        env["MLFLOW_TRACKING_URI"] = self.mlflow_url
+        env.update({"MLFLOW_TRACKING_URI": self.mlflow_url, "MLFLOW_TRACKING_USERNAME": "operator",
+                    "MLFLOW_TRACKING_PASSWORD": self.mlflow_password("operator")})
         return env
 
     # ------------------------------------------------------------------ components
-    def _components(self) -> list[Component]:
+    def _server_components(self) -> list[Component]:
+        """The control plane and the clouds' endpoints: run as the caller, never handed to a site."""
+        from insitu.governance.iam import no_auth_action_count
+
         d = self.dir
         base = self._base_env()
         comps = [
@@ -268,76 +372,96 @@ class Platform:
                 [_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(self.port("prefect")),
                  "--analytics-off"],
                 {**base, "PREFECT_HOME": str(d / "prefect-server"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                 "PREFECT_UI_API_URL": self.prefect_api_url, "PREFECT_API_URL": self.prefect_api_url},
+                 "PREFECT_UI_API_URL": self.prefect_api_url, "PREFECT_API_URL": self.prefect_api_url,
+                 "PREFECT_SERVER_API_AUTH_STRING": self.prefect_auth},
                 lambda: _http_ok(self.prefect_api_url + "/health"),
                 timeout=120,
             ),
             Component(
                 "mlflow-server",
-                [_bin("mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port("mlflow")),
-                 "--workers", "1", "--backend-store-uri", f"sqlite:///{d / 'mlflow' / 'mlflow.db'}",
-                 "--artifacts-destination", str(d / "mlflow" / "artifacts")],
-                {**base, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+                [_bin("mlflow"), "server", "--app-name", "basic-auth", "--host", "127.0.0.1",
+                 "--port", str(self.port("mlflow")), "--workers", "1",
+                 "--backend-store-uri", f"sqlite:///{d / 'mlflow' / 'mlflow.db'}",
+                 "--artifacts-destination", str(d / "mlflow" / "artifacts"), "--enable-workspaces"],
+                {**base, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+                 "MLFLOW_AUTH_CONFIG_PATH": str(d / "mlflow" / "basic_auth.ini"),
+                 "MLFLOW_FLASK_SERVER_SECRET_KEY": self.mlflow_password("flask-secret")},
                 lambda: _http_ok(self.mlflow_url + "/health"),
                 timeout=120,
             ),
         ]
-        for owner in ["exchange", *self.sites.names]:
-            port = self.port(f"s3-{owner}")
+        for server in ["exchange", *self.sites.names]:
+            port = self.port(f"s3-{server}")
+            users = len(self._s3_policies(server))
             comps.append(
-                Component(f"s3-{owner}", [_bin("moto_server"), "-H", "127.0.0.1", "-p", str(port)], base,
-                          lambda p=port: _http_ok(f"http://127.0.0.1:{p}/moto-api/"))
+                Component(f"s3-{server}", [_bin("moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                          {**base, "INITIAL_NO_AUTH_ACTION_COUNT": str(no_auth_action_count(users))},
+                          lambda p=port: _tcp_ok(p), extra={"s3": server})
             )
+        return comps
+
+    def _dask_components(self) -> list[Component]:
+        comps = []
         for s in self.sites.sites:
             port = self.port(f"dask-{s.name}")
+            acct = self.account(s.name)
             comps.append(
                 Component(f"dask-scheduler-{s.name}",
-                          [_bin("dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
-                          self.dask_env(s.name), lambda p=port: _tcp_ok(p))
+                          [_bin("dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port), "--protocol", "tls",
+                           "--no-dashboard"],
+                          self.dask_env(s.name), lambda p=port: _tcp_ok(p), account=acct)
             )
             comps.append(
                 Component(f"dask-workers-{s.name}",
                           [_bin("dask"), "worker", self.dask_address(s.name), "--host", "127.0.0.1",
                            "--nworkers", str(s.dask.local_workers), "--nthreads", "1", "--no-dashboard",
-                           "--memory-limit", "2GiB", "--local-directory", str(d / "dask" / s.name),
+                           "--memory-limit", "2GiB", "--local-directory", str(self.actor_home(s.name) / "dask"),
                            "--name", f"{s.name}-worker"],
                           self.dask_env(s.name),
-                          lambda a=self.dask_address(s.name), n=s.dask.local_workers: self._dask_workers_ok(a, n))
+                          lambda site=s.name, n=s.dask.local_workers: self._dask_workers_ok(site, n), account=acct)
             )
         return comps
 
+    def _components(self) -> list[Component]:
+        return self._server_components() + self._dask_components()
+
     def _worker_components(self) -> list[Component]:
         comps = []
-        pools = [(self.sites.coordinator.work_pool, self.coordinator_env())]
-        pools += [(s.work_pool, self.site_env(s.name)) for s in self.sites.sites]
-        for pool, env in pools:
+        envs = {COORDINATOR: self.coordinator_env(), **{s: self.site_env(s) for s in self.sites.names}}
+        for actor, env in envs.items():
+            pool = self.work_pool(actor)
             comps.append(
                 Component(
                     f"worker-{pool}",
-                    [_bin("prefect"), "worker", "start", "--pool", pool, "--type", "process",
-                     "--name", f"{pool}-worker"],
+                    [sys.executable, "-m", "deployments.worker", "--pool", pool, "--name", f"{pool}-worker"],
                     env,
                     lambda p=pool: self._worker_online(p),
                     timeout=90,
+                    account=self.account(actor),
                 )
             )
         return comps
 
-    @staticmethod
-    def _dask_workers_ok(address: str, n: int) -> bool:
+    def _dask_workers_ok(self, site: str, n: int) -> bool:
         from distributed import Client
 
         try:
-            with Client(address, timeout=3) as c:
+            with Client(self.dask_address(site), timeout=3, security=self.dask_security(site)) as c:
                 return len(c.scheduler_info(n_workers=-1)["workers"]) >= n
         except Exception:
             return False
+
+    def _prefect_headers(self) -> dict[str, str]:
+        import base64
+
+        return {"Authorization": "Basic " + base64.b64encode(self.prefect_auth.encode()).decode()}
 
     def _worker_online(self, pool: str) -> bool:
         import httpx
 
         try:
-            r = httpx.post(f"{self.prefect_api_url}/work_pools/{pool}/workers/filter", json={}, timeout=3)
+            r = httpx.post(f"{self.prefect_api_url}/work_pools/{pool}/workers/filter", json={}, timeout=3,
+                           headers=self._prefect_headers())
             return r.status_code == 200 and any(w.get("status") == "ONLINE" for w in r.json())
         except Exception:
             return False
@@ -350,9 +474,12 @@ class Platform:
         logs = self.dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         out = open(logs / f"{comp.name}.log", "ab")  # noqa: SIM115 (the child owns it)
+        as_user: dict[str, Any] = {}
+        if comp.account is not None and not comp.account.is_current:
+            as_user = {"user": comp.account.uid, "group": comp.account.gid, "extra_groups": []}
         # A new session per component: signals reach it (and only it), and down() can stop its group.
         proc = subprocess.Popen(comp.command, env=comp.env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=str(REPO), start_new_session=True)
+                                stdin=subprocess.DEVNULL, cwd=str(REPO), start_new_session=True, **as_user)
         out.close()
         self._procs[comp.name] = proc
         self.state.setdefault("pids", {})[comp.name] = proc.pid
@@ -389,50 +516,95 @@ class Platform:
         self._wait(comps)
         return started
 
+    def _prepare_dirs(self) -> None:
+        """The state directory is root's (others may only pass through); each actor owns its own home."""
+        me = current_account()
+        make_private_dir(self.dir, me, 0o711)
+        for sub in ("logs", "tmp", "mlflow", "mlflow/artifacts", "prefect-server", "prefect-client"):
+            make_private_dir(self.dir / sub, me, 0o700)
+        make_private_dir(self.dir / "actors", me, 0o711)
+        if self.isolate:
+            ensure_traversable(self.dir)
+            # The site users run this same interpreter (its real home may be under root's own home).
+            ensure_traversable(Path(sys.executable).parent)
+            ensure_traversable(Path(sys.base_prefix).resolve())
+            ensure_traversable(REPO)
+        for actor in self.actors:
+            acct = self.account(actor)
+            home = make_private_dir(self.actor_home(actor), acct, 0o700)
+            for sub in ("audit", "tmp", "tmp/matplotlib", "prefect", "dask"):
+                make_private_dir(home / sub, acct, 0o700)
+            ident = Identity(actor=actor, role="coordinator" if actor == COORDINATOR else "site",
+                             work_pool=self.work_pool(actor), audit_log=self.audit_log(actor),
+                             audit_key=self.audit_key(actor), path=self.identity_file(actor))
+            write_identity(ident.path, ident, uid=acct.uid if self.isolate else None, gid=acct.gid)
+            if actor != COORDINATOR:
+                from insitu.governance.pki import create_site_pki
+
+                create_site_pki(self.tls_dir(actor), actor)
+                if self.isolate:  # keep pki's modes (keys 0600, certificates 0644), give them to the site
+                    for f in [self.tls_dir(actor), *self.tls_dir(actor).iterdir()]:
+                        os.chown(f, acct.uid, acct.gid)
+
     def up(self) -> dict[str, Any]:
         """Start whatever is not running; wait until every component is healthy. Idempotent."""
         t0 = time.monotonic()
-        for sub in ("logs", "tmp", "audit", "mlflow/artifacts", "prefect-server", "prefect-client"):
-            (self.dir / sub).mkdir(parents=True, exist_ok=True)
-        for s in self.sites.sites:
-            (self.dir / "dask" / s.name).mkdir(parents=True, exist_ok=True)
+        self._prepare_dirs()
+        self._write_mlflow_auth_config()
         self._save_state()
-        started = self._ensure(self._components())
-        self._create_buckets()
+        servers = self._server_components()
+        started = self._ensure(servers)
+        for c in servers:
+            if "s3" in c.extra and c.name in started:
+                self._provision_s3(c.extra["s3"])
+        if "mlflow-server" in started:
+            self._provision_mlflow()
+        self._save_state()
+        started += self._ensure(self._dask_components())
         self._create_pools()
         started += self._ensure(self._worker_components())
         elapsed = time.monotonic() - t0
         log.info("platform up in %.1fs (started: %s)", elapsed, ", ".join(started) or "nothing, all running")
         return {"seconds": elapsed, "started": started}
 
-    def _create_buckets(self) -> None:
-        import s3fs
+    # ------------------------------------------------------------------ provisioning
+    def _s3_policies(self, server: str) -> dict[str, dict[str, Any]]:
+        """IAM user → inline policy on ``server``'s endpoint (the same documents ``docs/iam/`` ships for AWS)."""
+        from insitu.governance.iam import exchange_coordinator_policy, exchange_site_policy, site_store_policy
 
-        for owner in ["exchange", *self.sites.names]:
-            ref = self.sites.exchange if owner == "exchange" else self.sites.site(owner)
-            if not ref.storage.startswith("s3://"):
-                continue
-            sec = self.state["secrets"][owner]
-            fs = s3fs.S3FileSystem(key=sec["access_key"], secret=sec["secret_key"], skip_instance_cache=True,
-                                   client_kwargs={"endpoint_url": self.s3_endpoint(owner)})
-            bucket = ref.storage.split("://", 1)[1].split("/", 1)[0]
-            if not fs.exists(bucket):
-                os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-                fs.mkdir(bucket)
+        if server == "exchange":
+            bucket = _bucket(self.sites.exchange.storage)
+            return {COORDINATOR: exchange_coordinator_policy(bucket),
+                    **{s: exchange_site_policy(bucket, s) for s in self.sites.names}}
+        return {server: site_store_policy(_bucket(self.sites.site(server).storage))}
+
+    def _provision_s3(self, server: str) -> None:
+        """On a just-started endpoint, in its unauthenticated setup window: the bucket, its IAM users and keys."""
+        from insitu.governance.iam import provision
+
+        ref = self.sites.exchange if server == "exchange" else self.sites.site(server)
+        keys = provision(self.s3_endpoint(server), _bucket(ref.storage), self._s3_policies(server))
+        self.state["secrets"]["s3"][server] = {u: {"access_key": k, "secret_key": s} for u, (k, s) in keys.items()}
+        self._save_state()
+
+    def _write_mlflow_auth_config(self) -> None:
+        from insitu.stack_mlflow import write_auth_config
+
+        write_auth_config(self.dir / "mlflow" / "basic_auth.ini", self.dir / "mlflow" / "basic_auth.db",
+                          self.mlflow_password("admin"))
+
+    def _provision_mlflow(self) -> None:
+        from insitu.stack_mlflow import provision_users
+
+        provision_users(self.mlflow_url, self.mlflow_password("admin"),
+                        {u: self.mlflow_password(u) for u in (COORDINATOR, "operator")}, writer=COORDINATOR)
 
     def _create_pools(self) -> None:
-        """Create the missing process work pools with Prefect's own CLI (the core imports no Prefect)."""
-        import httpx
+        """Create or re-lock the work pools: a fixed job template that no run can vary (no variables)."""
+        from insitu.stack_pools import ensure_locked_pool
 
-        pools = [self.sites.coordinator.work_pool, *[s.work_pool for s in self.sites.sites]]
-        env = {**self._base_env(), **self._prefect_env()}
-        for pool in pools:
-            if httpx.get(f"{self.prefect_api_url}/work_pools/{pool}", timeout=10).status_code == 200:
-                continue
-            r = subprocess.run([_bin("prefect"), "work-pool", "create", pool, "--type", "process"], env=env,
-                               capture_output=True, text=True, timeout=120)
-            if r.returncode != 0 and "already exists" not in r.stdout + r.stderr:
-                raise PlatformError(f"could not create work pool {pool}: {(r.stdout + r.stderr)[-2000:]}")
+        for actor in self.actors:
+            ensure_locked_pool(self.prefect_api_url, self._prefect_headers(), self.work_pool(actor))
 
     def status(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
@@ -478,3 +650,7 @@ class Platform:
     def apply_env(self, env: dict[str, str] | None = None) -> None:
         """Put the operator's environment into this process (CLI and tests)."""
         os.environ.update(env or self.operator_env())
+
+
+def _bucket(storage: str) -> str:
+    return storage.split("://", 1)[1].split("/", 1)[0]

@@ -1,4 +1,4 @@
-"""Who and where a flow run is: its site (from the worker's own environment), its pool, its stores."""
+"""Who and where a flow run is: its site (from the worker's own identity file), its pool, its stores."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from typing import Any
 
 from prefect import get_run_logger
 from prefect.client.orchestration import get_client
-from prefect.runtime import deployment, flow_run
+from prefect.context import FlowRunContext
 
 from insitu.config import Conf, load_conf
 from insitu.federated.exchange import Exchange
 from insitu.governance.audit import AuditLog
-from insitu.governance.residency import ResidencyError, site_identity
+from insitu.governance.identity import Identity, IdentityError, check_pool, load_identity, refuse_runtime_overrides
 from insitu.storage import Store, store_from_env
 
 
@@ -26,34 +26,51 @@ class SiteContext:
     flow_run_id: str | None
 
 
-def current_work_pool() -> str | None:
-    """The work pool of the deployment this flow run came from (None when run directly)."""
-    dep_id = deployment.id
-    if not dep_id:
+def current_flow_run_id() -> str | None:
+    """This flow run's id from the engine's own context (not ``prefect.runtime``, which env vars can override)."""
+    ctx = FlowRunContext.get()
+    return str(ctx.flow_run.id) if ctx and ctx.flow_run else None
+
+
+def flow_run_pool(flow_run_id: str | None) -> str | None:
+    """The work pool the Prefect API says this flow run was submitted to (None when run directly)."""
+    if flow_run_id is None:
         return None
     with get_client(sync_client=True) as client:
-        return client.read_deployment(dep_id).work_pool_name
+        return client.read_flow_run(flow_run_id).work_pool_name
+
+
+def actor_identity(role: str, job_id: str | None) -> tuple[Identity, str | None]:
+    """This process's identity, checked: right role, no runtime overrides, the flow run is on its pool.
+
+    Every refusal is audited in the actor's own log before it is raised.
+    """
+    ident = load_identity()
+    fr_id = current_flow_run_id()
+    if ident.role != role:
+        raise IdentityError(f"this flow needs a {role} worker; {ident.actor!r} is a {ident.role}")
+    refuse_runtime_overrides(ident, fr_id)
+    check_pool(ident, flow_run_pool(fr_id), fr_id, job_id)
+    return ident, fr_id
 
 
 def site_context(job_id: str, training: str, dataset: str, overrides: dict[str, Any] | None) -> SiteContext:
-    """Resolve this site's identity and stores; refuse to run on another site's pool."""
+    """Resolve this site's identity and stores; refuse to run anywhere but on this site's own pool."""
     logger = get_run_logger()
-    site = site_identity()
+    ident, fr_id = actor_identity("site", job_id)
+    site = ident.actor
     conf = load_conf(training, dataset, overrides=overrides)
     cfg = conf.sites.site(site)
-    audit = AuditLog.from_env(site)
-    pool = current_work_pool()
-    fr_id = flow_run.get_id()
-    if pool is not None and pool != cfg.work_pool:
-        msg = f"site {site!r} refuses a flow run from pool {pool!r}: its pool is {cfg.work_pool!r}"
-        audit.append("residency.refused", job_id=job_id, flow_run_id=fr_id, rule="residency.site-pool", reason=msg)
-        raise ResidencyError(msg)
-    logger.info("site identity: site=%s pool=%s flow_run=%s (from this worker's own environment)", site, pool, fr_id)
+    if cfg.work_pool != ident.work_pool:
+        raise IdentityError(f"conf/sites.yaml puts site {site!r} on pool {cfg.work_pool!r} but this worker serves "
+                            f"{ident.work_pool!r}: fix sites.yaml or the site's identity file {ident.path}")
+    logger.info("site identity: site=%s pool=%s flow_run=%s (from this worker's own identity file)", site,
+                ident.work_pool, fr_id)
     return SiteContext(
         site=site,
         conf=conf,
         store=store_from_env(cfg, site),
         exchange=Exchange(store_from_env(conf.sites.exchange, "exchange"), job_id, writer=site),
-        audit=audit,
+        audit=ident.audit(),
         flow_run_id=fr_id,
     )

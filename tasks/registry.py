@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import subprocess
+import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -18,7 +20,11 @@ from mlflow.tracking import MlflowClient
 from prefect import get_run_logger, task
 
 from insitu.config import Conf
+from insitu.federated.exchange import state_from_bytes, state_to_bytes
 from insitu.models.fraud_mlp import build_model
+
+WEIGHTS_DIR = "weights"
+WEIGHTS_FILE = "state.pt"
 
 
 @functools.cache
@@ -176,9 +182,16 @@ def _log_and_register(
     active = mlflow.active_run()
     ctx = nullcontext() if active and active.info.run_id == runs["parent"] else mlflow.start_run(run_id=runs["parent"])
     with ctx:
+        # The weights alone, beside the MLflow model: what insitu itself reads back (never the pickle).
+        weights = state_to_bytes(state)
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / WEIGHTS_FILE).write_bytes(weights)
+            client.log_artifact(runs["parent"], str(Path(tmp) / WEIGHTS_FILE), WEIGHTS_DIR)
         info = mlflow.pytorch.log_model(model, name="model", signature=signature, input_example=example,
                                         serialization_format="pickle", registered_model_name=name)
-    return str(info.registered_model_version)
+    version = str(info.registered_model_version)
+    client.set_model_version_tag(name, version, "weights_sha256", hashlib.sha256(weights).hexdigest())
+    return version
 
 
 @task(task_run_name="load-champion")
@@ -195,8 +208,30 @@ def load_champion(conf: Conf, features: list[str]) -> dict[str, Any] | None:
     if mv.tags.get("features") != ",".join(features):
         logger.warning("champion v%s was trained on other features; it cannot be compared", mv.version)
         return None
-    model = mlflow.pytorch.load_model(f"models:/{name}/{mv.version}", map_location="cpu")
-    return {"version": str(mv.version), "state": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
+    state = _read_weights(client, mv)
+    if state is None:
+        return None
+    return {"version": str(mv.version), "state": state}
+
+
+def _read_weights(client: MlflowClient, mv: Any) -> dict[str, torch.Tensor] | None:
+    """A version's weights as tensors only (``torch.load(weights_only=True)``), checked against the SHA-256
+    recorded when it was registered. The pickled MLflow model is never loaded: whoever can write an
+    artifact or move an alias could otherwise run code on the coordinator."""
+    logger = get_run_logger()
+    expected = mv.tags.get("weights_sha256")
+    if not expected:
+        logger.warning("%s v%s has no recorded weights (registered by an older insitu); it is judged by its "
+                       "recorded metrics, not re-evaluated", mv.name, mv.version)
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = client.download_artifacts(mv.run_id, f"{WEIGHTS_DIR}/{WEIGHTS_FILE}", tmp)
+        data = Path(path).read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != expected:
+        raise RuntimeError(f"{mv.name} v{mv.version}: weights SHA-256 {digest[:12]}… differs from the {expected[:12]}… "
+                           "recorded at registration; refusing to use them")
+    return state_from_bytes(data)
 
 
 def _recorded_metrics(mv: Any, metric: str) -> tuple[dict[str, float], dict[str, dict[str, float]]]:

@@ -166,8 +166,10 @@ class Exchange:
 
     def delete(self, kind: str, name: str) -> None:
         """Remove one of this writer's artefacts (e.g. a stale control marker); no error if absent."""
+        # One DeleteObject on the key (not a bulk delete): an IAM policy scoped to this writer's prefix is
+        # checked per key, and s3fs would ignore a bulk delete's per-key AccessDenied.
         try:
-            self.fs.rm(self._path(self.key(kind, name)))
+            self.fs.rm_file(self._path(self.key(kind, name)))
         except FileNotFoundError:
             pass
 

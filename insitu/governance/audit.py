@@ -34,9 +34,6 @@ log = logging.getLogger(__name__)
 GENESIS = "0" * 64
 """The ``prev`` value of the first line (``seq`` 0)."""
 
-ENV_LOG = "INSITU_AUDIT_LOG"
-ENV_KEY = "INSITU_AUDIT_KEY"
-ENV_SITE = "INSITU_SITE"
 
 _RECORD_KEYS = frozenset({"seq", "ts", "actor", "event", "fields", "prev", "hmac"})
 _TAIL_BLOCK = 8192
@@ -53,7 +50,7 @@ def new_key() -> bytes:
     Returns
     -------
     bytes
-        32 bytes from :func:`os.urandom`; store them hex-encoded in ``INSITU_AUDIT_KEY``.
+        32 bytes from :func:`os.urandom`; an actor's identity file holds them hex-encoded.
     """
     return os.urandom(32)
 
@@ -163,34 +160,6 @@ class AuditLog:
         self.key = bytes(key)
         self.actor = actor
         self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    @classmethod
-    def from_env(cls, actor: str | None = None) -> AuditLog:
-        """Build the log from ``INSITU_AUDIT_LOG`` (path) and ``INSITU_AUDIT_KEY`` (hex key).
-
-        Parameters
-        ----------
-        actor : str, optional
-            Defaults to ``INSITU_SITE`` if set, else ``"coordinator"``.
-
-        Raises
-        ------
-        RuntimeError
-            If a variable is missing or the key is not non-empty hex; the message names it.
-        """
-        path = os.environ.get(ENV_LOG)
-        if not path:
-            raise RuntimeError(f"{ENV_LOG} is not set: it must name the audit log file, e.g. audit/eu.jsonl")
-        key_hex = os.environ.get(ENV_KEY)
-        if not key_hex:
-            raise RuntimeError(f"{ENV_KEY} is not set: it must hold the audit HMAC key as hex")
-        try:
-            key = bytes.fromhex(key_hex)
-        except ValueError:
-            raise RuntimeError(f"{ENV_KEY} is not valid hex") from None
-        if not key:
-            raise RuntimeError(f"{ENV_KEY} is empty")
-        return cls(path, key, actor or os.environ.get(ENV_SITE) or "coordinator")
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one signed record and update the head file, under an exclusive lock.

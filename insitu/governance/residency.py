@@ -1,13 +1,12 @@
 """The site guard: a site reads only shards pinned to it, whatever the coordinator asks.
 
-The site's identity comes from its own worker's environment (``INSITU_SITE``), and the pinning from
-the site's own copy of ``conf/datasets.yaml``; neither is taken from the request. Every refusal is
+The site's identity comes from its own identity file (``insitu.governance.identity``), and the pinning
+from the site's own copy of ``conf/datasets.yaml``; neither is taken from the request. Every refusal is
 audited with who asked, what, and which rule refused it.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 from insitu.config import DatasetConfig, ShardConfig
@@ -20,16 +19,6 @@ RULE_UNKNOWN = "residency.shard-declared"
 class ResidencyError(PermissionError):
     """A request would read data that is not pinned to this site."""
 
-
-def site_identity(env: dict[str, str] | None = None) -> str:
-    """This process's site, from its own worker's environment."""
-    env = dict(os.environ) if env is None else env
-    site = env.get("INSITU_SITE")
-    if not site:
-        raise ResidencyError(
-            "INSITU_SITE is not set: this process is not a site worker, so it may not read site data"
-        )
-    return site
 
 
 def admit_shards(

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -12,16 +15,20 @@ from insitu.stack import REPO, Platform
 
 
 @pytest.fixture(scope="session")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
-    state = tmp_path_factory.mktemp("insitu-platform")
+def platform() -> Iterator[Platform]:
+    # Not under pytest's basetemp: pytest makes `pytest-of-<user>` private (0700) whenever a session starts,
+    # which would lock the sites' OS users out of their homes under it.
+    state = Path(tempfile.mkdtemp(prefix="insitu-e2e-"))
     p = Platform(state, REPO / "conf", free_ports=True)
     p.apply_env()
     # Prefect was imported (by the test modules) before these variables existed: point its settings here.
-    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
     try:
         p.up()
-        with temporary_settings({PREFECT_API_URL: p.prefect_api_url, PREFECT_HOME: str(p.dir / "prefect-client")}):
+        p.apply_env()  # again: the S3 keys exist only once the endpoints' IAM issued them
+        with temporary_settings({PREFECT_API_URL: p.prefect_api_url, PREFECT_API_AUTH_STRING: p.prefect_auth,
+                                 PREFECT_HOME: str(p.dir / "prefect-client")}):
             yield p
     finally:
         pids = dict(p.state.get("pids", {}))
@@ -29,6 +36,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         left = [n for n, pid in pids.items() if psutil.pid_exists(pid)
                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
         assert not left, f"processes left behind after down(): {left}"
+        shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,13 @@ from tasks.registry import gate_and_promote
 pytestmark = pytest.mark.e2e
 
 
+@pytest.fixture(autouse=True)
+def as_coordinator(platform: Platform, monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests play the coordinator's registry step: only its service account may write the registry."""
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "coordinator")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", platform.mlflow_password("coordinator"))
+
+
 def _version(client: MlflowClient, name: str, pr_auc: float) -> str:
     with mlflow.start_run() as run:
         mlflow.log_text("weights would be here", "model/README.txt")

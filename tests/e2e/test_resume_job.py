@@ -39,9 +39,7 @@ def _training_config(tmp_path: Path, conf_dir: Path) -> Path:
 
 
 def _exchange(p: Platform) -> Store:
-    sec = p.state["secrets"]["exchange"]
-    return Store("s3://insitu-exchange/", {"key": sec["access_key"], "secret": sec["secret_key"],
-                                           "client_kwargs": {"endpoint_url": p.s3_endpoint("exchange")}})
+    return Store("s3://insitu-exchange/", p.storage_options("exchange", "coordinator"))
 
 
 def _start(params: dict[str, Any]) -> Any:

@@ -22,9 +22,8 @@ ROW_ID = re.compile(rb"(eu|us|apac)-\d{3}-\d{8}")
 
 
 def _fs(p: Platform, owner: str) -> s3fs.S3FileSystem:
-    sec = p.state["secrets"][owner]
-    return s3fs.S3FileSystem(key=sec["access_key"], secret=sec["secret_key"], skip_instance_cache=True,
-                             client_kwargs={"endpoint_url": p.s3_endpoint(owner)})
+    # The exchange is read with the coordinator's keys, a site's store with that site's own.
+    return s3fs.S3FileSystem(**p.storage_options(owner, "coordinator" if owner == "exchange" else owner))
 
 
 @pytest.fixture(scope="module")

@@ -43,9 +43,7 @@ def _training_config(tmp_path: Path, conf_dir: Path) -> Path:
 
 
 def _site_store(p: Platform, site: str) -> Store:
-    sec = p.state["secrets"][site]
-    return Store(f"s3://insitu-{site}/", {"key": sec["access_key"], "secret": sec["secret_key"],
-                                          "client_kwargs": {"endpoint_url": p.s3_endpoint(site)}})
+    return Store(f"s3://insitu-{site}/", p.storage_options(site, site))
 
 
 def test_killed_rank_worker_round_retries_from_checkpoint_and_job_registers(
@@ -55,7 +53,7 @@ def test_killed_rank_worker_round_retries_from_checkpoint_and_job_registers(
     training = _training_config(tmp_path, deployed.conf_dir)
     load_conf(training, "fraud", directory=deployed.conf_dir)  # the config itself is valid
     ckpt = Checkpointer(CheckpointRef(_site_store(deployed, "eu"), f"checkpoints/{job_id}/round-0000", EVERY))
-    with Client(deployed.dask_address("eu"), timeout=30) as dask:
+    with Client(deployed.dask_address("eu"), timeout=30, security=deployed.dask_security("eu")) as dask:
         pids = dask.run(os.getpid)
     with get_client(sync_client=True) as c:
         dep = c.read_deployment_by_name("retrain/coordinator")
@@ -74,9 +72,7 @@ def test_killed_rank_worker_round_retries_from_checkpoint_and_job_registers(
         time.sleep(0.1)
     victim = sorted(pids)[-1]  # launch puts rank 1 on the second worker (sorted by address)
     os.kill(pids[victim], signal.SIGKILL)  # its nanny starts a fresh worker process
-    sec = deployed.state["secrets"]["exchange"]
-    ex = Store("s3://insitu-exchange/", {"key": sec["access_key"], "secret": sec["secret_key"],
-                                         "client_kwargs": {"endpoint_url": deployed.s3_endpoint("exchange")}})
+    ex = Store("s3://insitu-exchange/", deployed.storage_options("exchange", "coordinator"))
     update = ex.path(f"jobs/{job_id}/update/eu/round-0000.manifest.json")
     assert not ex.fs.exists(update), "eu had finished its round before the kill: nothing was interrupted"
 

@@ -278,28 +278,3 @@ def test_concurrent_appends_from_processes_form_one_chain(tmp_path: Path) -> Non
     assert [e["seq"] for e in events] == list(range(200))
     for p in range(4):
         assert [e["fields"]["i"] for e in events if e["actor"] == f"p{p}"] == list(range(50))
-
-
-def test_from_env_names_the_missing_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("INSITU_AUDIT_LOG", raising=False)
-    monkeypatch.delenv("INSITU_AUDIT_KEY", raising=False)
-    monkeypatch.delenv("INSITU_SITE", raising=False)
-    with pytest.raises(RuntimeError, match="INSITU_AUDIT_LOG"):
-        AuditLog.from_env()
-
-    monkeypatch.setenv("INSITU_AUDIT_LOG", str(tmp_path / "a" / "log.jsonl"))
-    with pytest.raises(RuntimeError, match="INSITU_AUDIT_KEY"):
-        AuditLog.from_env()
-
-    monkeypatch.setenv("INSITU_AUDIT_KEY", "zz-not-hex")
-    with pytest.raises(RuntimeError, match="INSITU_AUDIT_KEY"):
-        AuditLog.from_env()
-
-    key = new_key()
-    monkeypatch.setenv("INSITU_AUDIT_KEY", key.hex())
-    assert AuditLog.from_env().actor == "coordinator"
-    monkeypatch.setenv("INSITU_SITE", "eu")
-    audit = AuditLog.from_env()
-    assert audit.actor == "eu" and AuditLog.from_env(actor="us").actor == "us"
-    audit.append("residency.refused", reason="shard belongs to us")
-    assert verify(tmp_path / "a" / "log.jsonl", key).ok

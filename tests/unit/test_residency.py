@@ -13,7 +13,6 @@ from insitu.governance.residency import (
     RULE_UNKNOWN,
     ResidencyError,
     admit_shards,
-    site_identity,
 )
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -32,25 +31,6 @@ def audit(tmp_path: Path) -> AuditLog:
 def _admit(site: str, requested: list[str] | None, dataset: DatasetConfig, audit: AuditLog) -> list[str]:
     shards = admit_shards(site, requested, "fraud", dataset, audit, "coordinator", "job-7", "run-abc")
     return [s.id for s in shards]
-
-
-def test_site_identity_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert site_identity({"INSITU_SITE": "eu"}) == "eu"
-    monkeypatch.setenv("INSITU_SITE", "apac")
-    assert site_identity() == "apac"
-    # an explicit env is used as given, not merged with the process environment
-    with pytest.raises(ResidencyError, match="INSITU_SITE is not set"):
-        site_identity({})
-
-
-@pytest.mark.parametrize("env", [{}, {"INSITU_SITE": ""}, {"OTHER": "eu"}])
-def test_site_identity_missing_raises(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
-    monkeypatch.delenv("INSITU_SITE", raising=False)
-    with pytest.raises(ResidencyError, match="not a site worker"):
-        site_identity(env)
-    with pytest.raises(ResidencyError):
-        site_identity()
-    assert issubclass(ResidencyError, PermissionError)
 
 
 def test_none_means_own_shards(dataset: DatasetConfig, audit: AuditLog) -> None:

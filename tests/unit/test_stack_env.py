@@ -1,40 +1,66 @@
-"""Each site's worker gets only its own store's credentials and the exchange's (no processes started)."""
+"""Each site's worker gets only its own store's credentials and its own to the exchange (no processes started)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from insitu.stack import REPO, Platform
+import pytest
+
+from insitu.stack import COORDINATOR, REPO, Platform
 
 
-def test_site_env_holds_only_its_own_store_and_the_exchange(tmp_path: Path) -> None:
-    p = Platform(tmp_path, REPO / "conf", free_ports=True)
+@pytest.fixture
+def platform(tmp_path: Path) -> Platform:
+    p = Platform(tmp_path, REPO / "conf", free_ports=True, isolate_users=False)
+    # What provisioning the S3 endpoints records: one IAM user per site and server.
+    p.state["secrets"]["s3"] = {
+        "exchange": {a: {"access_key": f"AKIA-x-{a}", "secret_key": f"sx-{a}"} for a in p.actors},
+        **{s: {s: {"access_key": f"AKIA-{s}", "secret_key": f"s-{s}"}} for s in p.sites.names},
+    }
+    return p
+
+
+def test_site_env_holds_only_its_own_store_and_its_own_exchange_key(platform: Platform) -> None:
+    p = platform
     for site in ("eu", "us", "apac"):
         env = p.site_env(site)
         tag = site.upper()
-        assert env["INSITU_SITE"] == site
+        assert env["INSITU_IDENTITY"] == str(p.identity_file(site))
         assert env[f"INSITU_{tag}_S3_ENDPOINT"] == p.s3_endpoint(site)
-        assert env[f"INSITU_{tag}_AWS_SECRET_ACCESS_KEY"] == p.state["secrets"][site]["secret_key"]
-        assert env["INSITU_EXCHANGE_S3_ENDPOINT"] == p.s3_endpoint("exchange")
+        assert env[f"INSITU_{tag}_AWS_SECRET_ACCESS_KEY"] == f"s-{site}"
+        assert env["INSITU_EXCHANGE_AWS_SECRET_ACCESS_KEY"] == f"sx-{site}"  # its own IAM user, not a shared one
         others = [o.upper() for o in ("eu", "us", "apac") if o != site]
         leaked = [k for k in env if any(k.startswith(f"INSITU_{o}_") for o in others)]
         assert not leaked, leaked
-        assert "MLFLOW_TRACKING_URI" not in env
-        assert p.state["secrets"]["coordinator"]["audit_key"] not in env.values()
+        assert "MLFLOW_TRACKING_URI" not in env and "INSITU_HOME" not in env
+        assert p.state["secrets"]["audit"][COORDINATOR] not in env.values()
+        assert p.state["secrets"]["audit"][site] not in env.values()  # it is in the owner-only identity file
+        assert env["DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION"] == "True"
+        assert env["DASK_DISTRIBUTED__COMM__TLS__CA_FILE"].startswith(str(p.actor_home(site)))
         dask = p.dask_env(site)
         assert "INSITU_EXCHANGE_S3_ENDPOINT" not in dask and f"INSITU_{tag}_S3_ENDPOINT" in dask
+        assert "PREFECT_API_AUTH_STRING" not in dask
 
 
-def test_coordinator_env_holds_no_site_store(tmp_path: Path) -> None:
-    env = Platform(tmp_path, REPO / "conf", free_ports=True).coordinator_env()
-    assert "INSITU_SITE" not in env and env["INSITU_ROLE"] == "coordinator"
+def test_coordinator_env_holds_no_site_store(platform: Platform) -> None:
+    env = platform.coordinator_env()
+    assert env["INSITU_IDENTITY"] == str(platform.identity_file(COORDINATOR))
     assert not [k for k in env if k.startswith(("INSITU_EU_", "INSITU_US_", "INSITU_APAC_"))]
     assert env["MLFLOW_TRACKING_URI"].startswith("http://127.0.0.1:")
+    assert env["MLFLOW_TRACKING_USERNAME"] == COORDINATOR
+    assert env["INSITU_EXCHANGE_AWS_SECRET_ACCESS_KEY"] == f"sx-{COORDINATOR}"
 
 
-def test_ports_and_keys_persist_across_instances(tmp_path: Path) -> None:
-    a = Platform(tmp_path, REPO / "conf", free_ports=True)
+def test_the_operator_reads_mlflow_but_is_not_its_coordinator(platform: Platform) -> None:
+    env = platform.operator_env()
+    assert env["MLFLOW_TRACKING_USERNAME"] == "operator"
+    assert env["PREFECT_API_AUTH_STRING"] == platform.prefect_auth
+
+
+def test_ports_and_secrets_persist_across_instances(tmp_path: Path) -> None:
+    a = Platform(tmp_path, REPO / "conf", free_ports=True, isolate_users=False)
     a._save_state()
-    b = Platform(tmp_path, REPO / "conf")
+    assert (a.state_file.stat().st_mode & 0o777) == 0o600
+    b = Platform(tmp_path, REPO / "conf", isolate_users=False)
     assert b.state["ports"] == a.state["ports"] and b.state["secrets"] == a.state["secrets"]
     assert len(set(a.state["ports"].values())) == len(a.state["ports"])

@@ -1,0 +1,51 @@
+"""The child process of an insitu worker (``python -m deployments.runner``): run one flow run.
+
+What ``python -m prefect.engine`` does, except where the flow comes from: the flow run's *flow name*
+picks it from this actor's fixed list (``worker_policy.py``). The deployment's entrypoint, pull steps
+and storage, and ``PREFECT__FLOW_ENTRYPOINT``, are never consulted, so whoever edits a deployment
+cannot choose the code a site runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from uuid import UUID
+
+
+def main() -> None:
+    from prefect._internal.control_listener import configure_from_env
+    from prefect.engine import _drive_run_flow_result, engine_logger, handle_engine_signals
+
+    try:
+        flow_run_id = UUID(sys.argv[1] if len(sys.argv) > 1 else os.environ["PREFECT__FLOW_RUN_ID"])
+    except (KeyError, ValueError):
+        engine_logger.error("invalid flow run id; arguments: %s", sys.argv, exc_info=True)
+        sys.exit(1)
+    configure_from_env()  # the worker's control channel: graceful cancellation
+
+    with handle_engine_signals(flow_run_id):
+        from prefect._internal.metrics import RunMetrics
+        from prefect.client.orchestration import get_client
+        from prefect.flow_engine import flow_run_logger, load_flow_run, run_flow
+
+        from deployments.worker_policy import load_flow
+        from insitu.governance.identity import load_identity
+
+        flow_run = load_flow_run(flow_run_id=flow_run_id)
+        run_logger = flow_run_logger(flow_run=flow_run)
+        try:
+            if flow_run.deployment_id is None:
+                raise LookupError("the flow run has no deployment")
+            with get_client(sync_client=True) as client:
+                name = client.read_flow(flow_run.flow_id).name
+            flow = load_flow(load_identity().role, name)
+        except Exception:
+            run_logger.error("insitu runner refused to load the flow", exc_info=True)
+            raise
+        with RunMetrics(flow_run, flow):
+            _drive_run_flow_result(flow, run_flow(flow, flow_run=flow_run, error_logger=run_logger))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""Who this process is: an actor's identity, read only from the file the actor's own platform gave it.
+
+A site (or the coordinator) is started by its operator with ``INSITU_IDENTITY`` naming its identity
+file: the actor's name, role, work pool, audit log and audit key. Nothing a run's caller can set
+decides any of these: the site worker refuses runs that carry job variables or environment overrides
+(``deployments/worker.py``), and this module refuses a file that another OS user could have written or
+can read, and a process whose environment carries Prefect runtime overrides (``PREFECT__RUNTIME__*``,
+which would let a caller forge what ``prefect.runtime`` reports).
+
+The file is JSON, owner-only (mode 0600), owned by the user the actor's processes run as::
+
+    {"actor": "eu", "role": "site", "work_pool": "insitu-eu",
+     "audit_log": "/…/actors/eu/audit/eu.jsonl", "audit_key": "<hex>"}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from insitu.governance.audit import AuditLog
+
+ENV_IDENTITY = "INSITU_IDENTITY"
+RUNTIME_OVERRIDE_PREFIX = "PREFECT__RUNTIME__"
+RULE_RUNTIME_OVERRIDE = "identity.no-runtime-overrides"
+RULE_POOL = "residency.site-pool"
+
+Role = Literal["site", "coordinator"]
+
+
+class IdentityError(PermissionError):
+    """This process has no trustworthy identity, or its environment tries to override one."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """An actor's identity, as its own platform configured it."""
+
+    actor: str
+    role: Role
+    work_pool: str
+    audit_log: Path
+    audit_key: bytes
+    path: Path
+
+    def audit(self) -> AuditLog:
+        """The actor's own audit log (path and key from this identity, never from a request)."""
+        return AuditLog(self.audit_log, self.audit_key, self.actor)
+
+    def to_json(self) -> str:
+        return json.dumps({"actor": self.actor, "role": self.role, "work_pool": self.work_pool,
+                           "audit_log": str(self.audit_log), "audit_key": self.audit_key.hex()}, indent=2)
+
+
+def write_identity(path: Path, identity: Identity, uid: int | None = None, gid: int | None = None) -> None:
+    """Write ``identity`` to ``path`` owner-only (0600), owned by ``uid``/``gid`` when given (platform use)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(identity.to_json())
+    os.chmod(tmp, 0o600)
+    if uid is not None:
+        os.chown(tmp, uid, gid if gid is not None else -1)
+    os.replace(tmp, path)
+
+
+def load_identity(env: Mapping[str, str] | None = None) -> Identity:
+    """Read this process's identity from the file ``INSITU_IDENTITY`` names.
+
+    Raises
+    ------
+    IdentityError
+        When the variable is unset, the file is missing or malformed, is not owned by this process's
+        user, or can be read or written by anyone else.
+    """
+    env = os.environ if env is None else env
+    name = env.get(ENV_IDENTITY)
+    if not name:
+        raise IdentityError(f"{ENV_IDENTITY} is not set: this process was not started by a site or coordinator "
+                            "platform, so it has no identity and may not touch site data")
+    path = Path(name)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise IdentityError(f"{ENV_IDENTITY}={path}: no such file") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise IdentityError(f"{ENV_IDENTITY}={path}: not a regular file")
+    if st.st_uid != os.geteuid():
+        raise IdentityError(f"identity file {path} is owned by uid {st.st_uid}, not by this process's user "
+                            f"(uid {os.geteuid()}): it was not written for this actor")
+    if st.st_mode & 0o077:
+        raise IdentityError(f"identity file {path} has mode {stat.S_IMODE(st.st_mode):04o}: others could read or "
+                            f"change it. Fix: chmod 600 {path}")
+    try:
+        raw = json.loads(path.read_text())
+        role = raw["role"]
+        if role not in ("site", "coordinator"):
+            raise ValueError(f"role {role!r} is neither 'site' nor 'coordinator'")
+        key = bytes.fromhex(raw["audit_key"])
+        if not key:
+            raise ValueError("audit_key is empty")
+        return Identity(actor=str(raw["actor"]), role=role, work_pool=str(raw["work_pool"]),
+                        audit_log=Path(raw["audit_log"]), audit_key=key, path=path)
+    except (ValueError, KeyError, TypeError) as e:
+        raise IdentityError(f"identity file {path} is malformed: {e!r}; expected keys actor, role, work_pool, "
+                            "audit_log, audit_key (hex)") from None
+
+
+def runtime_overrides(env: Mapping[str, str] | None = None) -> list[str]:
+    """Names of ``PREFECT__RUNTIME__*`` variables in ``env`` (each would forge a ``prefect.runtime`` value)."""
+    env = os.environ if env is None else env
+    return sorted(k for k in env if k.upper().startswith(RUNTIME_OVERRIDE_PREFIX))
+
+
+def refuse_runtime_overrides(identity: Identity, flow_run_id: str | None,
+                             env: Mapping[str, str] | None = None) -> None:
+    """Refuse (and audit) a process whose environment overrides Prefect's runtime values.
+
+    Raises
+    ------
+    IdentityError
+        Naming the variables found.
+    """
+    found = runtime_overrides(env)
+    if not found:
+        return
+    msg = (f"{identity.role} {identity.actor!r} refuses to run: its environment carries Prefect runtime overrides "
+           f"{found}, which a caller could use to forge this run's identity; rule {RULE_RUNTIME_OVERRIDE}")
+    identity.audit().append("run.refused", flow_run_id=flow_run_id, rule=RULE_RUNTIME_OVERRIDE, variables=found,
+                            reason=msg)
+    raise IdentityError(msg)
+
+
+def check_pool(identity: Identity, run_pool: str | None, flow_run_id: str | None, job_id: str | None) -> None:
+    """Refuse (and audit) a flow run whose work pool, as the Prefect API reports it, is not this actor's.
+
+    Raises
+    ------
+    IdentityError
+        When ``run_pool`` differs from the identity's pool (``None`` counts as different).
+    """
+    if run_pool == identity.work_pool:
+        return
+    msg = (f"{identity.role} {identity.actor!r} refuses flow run {flow_run_id}: the API says it belongs to work pool "
+           f"{run_pool!r}, this worker serves {identity.work_pool!r}; rule {RULE_POOL}")
+    identity.audit().append("residency.refused", job_id=job_id, flow_run_id=flow_run_id, rule=RULE_POOL,
+                            run_pool=run_pool, reason=msg)
+    raise IdentityError(msg)
