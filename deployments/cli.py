@@ -86,7 +86,19 @@ def up(
 
 def _print_urls(p: Platform) -> None:
     console.print(f"Prefect UI: [link]{p.prefect_ui_url}[/link]   MLflow UI: [link]{p.mlflow_url}[/link]   "
-                  f"state: {p.dir}")
+                  f"state: {p.dir}   (both ask for a login: `insitu credentials`)")
+
+
+@app.command()
+def credentials(state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) -> None:
+    """Show the operator's logins for the two UIs (read from the platform's owner-only state file)."""
+    p = _platform(state_dir, conf)
+    t = Table("UI", "url", "login")
+    t.add_row("Prefect", p.prefect_ui_url, f"auth string: {p.prefect_auth}")
+    t.add_row("MLflow", p.mlflow_url, f"user operator, password {p.mlflow_password('operator')} (read-only)")
+    console.print(t)
+    console.print("The coordinator's MLflow account (the only one that writes the registry) is held by its worker "
+                  "alone and is not shown.")
 
 
 @app.command()
@@ -244,6 +256,34 @@ def demo(
     run(state_dir, conf, rounds=rounds)
     console.print(f"demo finished in {time.monotonic() - t0:.0f}s. The platform is still running so you can "
                   "explore both UIs; stop it with [bold]`.venv/bin/insitu down`[/bold].")
+
+
+@app.command("iam-policies")
+def iam_policies(
+    conf: ConfDir = DEFAULT_CONF,
+    out: Annotated[Path, typer.Option(help="directory to write the policy documents into")] = REPO / "docs" / "iam",
+) -> None:
+    """Write the IAM policies that make S3 enforce residency (the same ones the local platform enforces)."""
+    from insitu.config import load_sites
+    from insitu.governance.iam import policy_documents, render
+
+    try:
+        sites = load_sites(conf / "sites.yaml")
+    except ConfigError as e:
+        console.print(f"[red]configuration error[/red]\n{e}")
+        raise typer.Exit(2) from None
+    bucket = _bucket_of
+    docs = policy_documents(bucket(sites.exchange.storage), {s.name: bucket(s.storage) for s in sites.sites})
+    out.mkdir(parents=True, exist_ok=True)
+    for name, policy in docs.items():
+        (out / name).write_text(render(policy))
+    console.print(f"wrote {len(docs)} policies to {out}: {', '.join(sorted(docs))}")
+
+
+def _bucket_of(storage: str) -> str:
+    if not storage.startswith("s3://"):
+        raise typer.BadParameter(f"{storage} is not an s3:// URL; IAM policies apply to S3 buckets")
+    return storage.split("://", 1)[1].split("/", 1)[0]
 
 
 @audit_app.command("verify")

@@ -408,13 +408,15 @@ class Platform:
             comps.append(
                 Component(f"dask-scheduler-{s.name}",
                           [_bin("dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port), "--protocol", "tls",
-                           "--no-dashboard"],
+                           # --no-dashboard still serves /health on 0.0.0.0: keep it on loopback too
+                           "--no-dashboard", "--dashboard-address", "127.0.0.1:0"],
                           self.dask_env(s.name), lambda p=port: _tcp_ok(p), account=acct)
             )
             comps.append(
                 Component(f"dask-workers-{s.name}",
                           [_bin("dask"), "worker", self.dask_address(s.name), "--host", "127.0.0.1",
                            "--nworkers", str(s.dask.local_workers), "--nthreads", "1", "--no-dashboard",
+                           "--dashboard-address", "127.0.0.1:0",
                            "--memory-limit", "2GiB", "--local-directory", str(self.actor_home(s.name) / "dask"),
                            "--name", f"{s.name}-worker"],
                           self.dask_env(s.name),

@@ -231,3 +231,32 @@ def provision(endpoint: str, bucket: str, users: dict[str, dict[str, Any]]) -> d
                            f"is not set, or larger than {no_auth_action_count(len(users))}")
     log.info("provisioned %s at %s: bucket %s, users %s", bucket, endpoint, bucket, sorted(keys))
     return keys
+
+
+def policy_documents(exchange_bucket: str, sites: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Every policy a deployment needs, by file name: what ``insitu iam-policies`` writes for AWS.
+
+    Parameters
+    ----------
+    exchange_bucket : str
+        The exchange's bucket.
+    sites : dict of str to str
+        Site name to its own bucket.
+
+    Returns
+    -------
+    dict of str to dict
+        ``site-<site>-store.json`` (attach to the site's principal in its own account),
+        ``site-<site>-exchange.json`` (the site's principal on the exchange) and
+        ``coordinator-exchange.json`` (the coordinator's principal).
+    """
+    docs = {"coordinator-exchange.json": exchange_coordinator_policy(exchange_bucket)}
+    for site, bucket in sites.items():
+        docs[f"site-{site}-store.json"] = site_store_policy(bucket)
+        docs[f"site-{site}-exchange.json"] = exchange_site_policy(exchange_bucket, site)
+    return docs
+
+
+def render(policy: dict[str, Any]) -> str:
+    """A policy as the JSON text AWS accepts (stable: sorted keys, two-space indent, final newline)."""
+    return json.dumps(policy, indent=2, sort_keys=True) + "\n"

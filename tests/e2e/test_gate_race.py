@@ -49,6 +49,7 @@ def _setup(platform: Platform) -> tuple[Any, MlflowClient, str, str, str, str]:
     conf = load_conf("fraud", directory=platform.conf_dir, overrides={"registry": {"model_name": name}})
     client = MlflowClient(platform.mlflow_url)
     mlflow.set_tracking_uri(platform.mlflow_url)
+    mlflow.set_experiment("gate-race")  # its own (the coordinator may write only what it created)
     client.create_registered_model(name)
     v1 = _version(client, name, 0.30)
     client.set_registered_model_alias(name, "champion", v1)

@@ -1,4 +1,4 @@
-"""Users trigger runs from the Prefect UI: open the retrain deployment, fill the form, submit, it completes.
+"""Users trigger runs from the Prefect UI: log in, open the retrain deployment, fill the form, submit, it completes.
 
 Drives Debian's Chromium (headless) with Playwright; `.ci/run` installs Chromium.
 """
@@ -41,6 +41,13 @@ def test_custom_run_from_the_ui_form_completes(deployed: Platform, tmp_path: Pat
                                     env={**os.environ, "TMPDIR": short_tmp})
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{deployed.prefect_ui_url}/deployments/deployment/{dep.id}", wait_until="networkidle")
+            # Authentication is on: the UI asks for the server's auth string before it shows anything.
+            password = page.locator("input[type=password]")
+            password.wait_for(state="visible", timeout=30_000)
+            password.fill(deployed.prefect_auth)
+            page.get_by_role("button", name="Login").click()
+            password.wait_for(state="detached", timeout=30_000)
             page.goto(f"{deployed.prefect_ui_url}/deployments/deployment/{dep.id}", wait_until="networkidle")
             page.get_by_role("button", name="Run", exact=True).click()
             page.get_by_text("Custom run", exact=True).click()
