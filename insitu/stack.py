@@ -556,9 +556,11 @@ class Platform:
         self._save_state()
         servers = self._server_components()
         started = self._ensure(servers)
-        for c in servers:
-            if "s3" in c.extra and c.name in started:
-                self._provision_s3(c.extra["s3"])
+        fresh = [c.extra["s3"] for c in servers if "s3" in c.extra and c.name in started]
+        for server in fresh:
+            self._provision_s3(server)
+        if fresh:  # new endpoints issued new keys: processes holding the old ones restart with the new
+            self._stop([c.name for c in self._dask_components() + self._worker_components()])
         if "mlflow-server" in started:
             self._provision_mlflow()
         self._save_state()
@@ -618,8 +620,17 @@ class Platform:
 
     def down(self, timeout: float = 15.0) -> list[str]:
         """Stop every process ``up`` recorded (workers first), and their children. Returns their names."""
+        stopped = self._stop(list(self.state.get("pids", {})), timeout)
+        self.state["pids"] = {}
+        self.state["started"] = {}
+        self._save_state()
+        return stopped
+
+    def _stop(self, names: list[str], timeout: float = 15.0) -> list[str]:
+        """Stop the named components that are running (workers first) with their children."""
         pids: dict[str, int] = self.state.get("pids", {})
-        order = sorted(pids, key=lambda n: (not n.startswith("worker-"), not n.startswith("dask-workers"), n))
+        order = sorted((n for n in names if n in pids),
+                       key=lambda n: (not n.startswith("worker-"), not n.startswith("dask-workers"), n))
         stopped = []
         for name in order:
             pid = pids[name]
@@ -644,9 +655,6 @@ class Platform:
             if name in self._procs:
                 self._procs[name].wait(timeout=5)
             stopped.append(name)
-        self.state["pids"] = {}
-        self.state["started"] = {}
-        self._save_state()
         return stopped
 
     def apply_env(self, env: dict[str, str] | None = None) -> None:

@@ -50,3 +50,13 @@ def deployed(platform: Platform) -> Platform:
     platform.state["seeded"] = seeded
     deploy_all(conf.sites)
     return platform
+
+
+@pytest.fixture
+def shared_conf(platform: Platform) -> Path:
+    """A directory every actor can read, for a test's own training configs (the training parameter names a
+    file the coordinator and the sites read with their own OS users; pytest's tmp_path is root's, 0700)."""
+    d = Path(tempfile.mkdtemp(prefix="conf-", dir=platform.dir / "tmp"))
+    d.chmod(0o755)
+    (platform.dir / "tmp").chmod(0o711)
+    return d

@@ -28,12 +28,12 @@ pytestmark = pytest.mark.e2e
 MODEL = "insitu-fraud-resume"  # its own registry entry: the main e2e job's gate must not see this job's model
 
 
-def _training_config(tmp_path: Path, conf_dir: Path) -> Path:
+def _training_config(directory: Path, conf_dir: Path) -> Path:
     cfg = yaml.safe_load((conf_dir / "training" / "fraud.yaml").read_text())
     # One process per site (cancelling kills it with its flow run); rounds long enough to cancel in round 1.
     cfg.update(rounds=2, local_epochs=20, batch_size=32, strategy="single", ranks_per_site=1,
                registry={"model_name": MODEL})
-    path = tmp_path / "fraud_resume.yaml"
+    path = directory / "fraud_resume.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -65,11 +65,11 @@ def _logs(flow_run_name: str) -> list[str]:
 
 
 def test_rerun_with_the_same_job_id_resumes_after_the_last_finished_round(
-    deployed: Platform, tmp_path: Path
+    deployed: Platform, shared_conf: Path
 ) -> None:
     ensure_registry_lock(MODEL)
     job_id = f"e2e-resume-{uuid.uuid4().hex[:6]}"
-    params = {"training": str(_training_config(tmp_path, deployed.conf_dir)), "dataset": "fraud", "job_id": job_id}
+    params = {"training": str(_training_config(shared_conf, deployed.conf_dir)), "dataset": "fraud", "job_id": job_id}
     ex = _exchange(deployed)
     job = f"insitu-exchange/jobs/{job_id}"
 

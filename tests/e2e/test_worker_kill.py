@@ -31,13 +31,13 @@ pytestmark = pytest.mark.e2e
 EVERY = 20  # checkpoint interval (steps)
 
 
-def _training_config(tmp_path: Path, conf_dir: Path) -> Path:
+def _training_config(directory: Path, conf_dir: Path) -> Path:
     """The demo config, with one round long enough (~260 steps per site) to be killed in its middle."""
     cfg = yaml.safe_load((conf_dir / "training" / "fraud.yaml").read_text())
     cfg.update(rounds=1, local_epochs=4, batch_size=32, checkpoint={"enabled": True, "every_steps": EVERY})
     # the retry restarts a worker process and re-imports torch: don't let the round's deadline skip eu
     cfg["federation"]["round_deadline_s"] = 900
-    path = tmp_path / "fraud_kill.yaml"
+    path = directory / "fraud_kill.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -47,10 +47,10 @@ def _site_store(p: Platform, site: str) -> Store:
 
 
 def test_killed_rank_worker_round_retries_from_checkpoint_and_job_registers(
-    deployed: Platform, tmp_path: Path
+    deployed: Platform, shared_conf: Path
 ) -> None:
     job_id = f"e2e-kill-{uuid.uuid4().hex[:6]}"
-    training = _training_config(tmp_path, deployed.conf_dir)
+    training = _training_config(shared_conf, deployed.conf_dir)
     load_conf(training, "fraud", directory=deployed.conf_dir)  # the config itself is valid
     ckpt = Checkpointer(CheckpointRef(_site_store(deployed, "eu"), f"checkpoints/{job_id}/round-0000", EVERY))
     with Client(deployed.dask_address("eu"), timeout=30, security=deployed.dask_security("eu")) as dask:
