@@ -15,7 +15,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from pydantic import BaseModel, Field
 
-from insitu.config import load_conf
+from insitu.config import load_conf, trusted_training
 from insitu.federated.exchange import Exchange
 from insitu.federated.rounds import round_name
 from insitu.governance.audit import AuditLog
@@ -39,7 +39,7 @@ from tasks.registry import (
 class RetrainParams(BaseModel):
     """What a user may set when triggering ``retrain`` (shown as a form in the Prefect UI)."""
 
-    training: str = Field("fraud", description="training config: a name in conf/training/ or a path")
+    training: str = Field("fraud", description="training config: a name in conf/training/")
     dataset: str = Field("fraud", description="dataset in conf/datasets.yaml")
     job_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
                                description="reuse to resume a job; empty for a new one")
@@ -56,7 +56,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
     job_id = params.job_id or f"{started:%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
     overrides = {k: v for k, v in {"rounds": params.rounds, "local_epochs": params.local_epochs,
                                     "batch_size": params.batch_size}.items() if v is not None}
-    conf = load_conf(params.training, params.dataset, overrides=overrides or None)
+    conf = load_conf(trusted_training(params.training), params.dataset, overrides=overrides or None)
     t = conf.training
     ident, fr_id = actor_identity("coordinator", job_id)
     audit = ident.audit()
@@ -82,6 +82,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
             f"| {s} | {conf.sites.site(s).work_pool} | {', '.join(ids)} |" for s, ids in plan.items()),
         description=f"insitu plan {job_id}",
     )
+    pools = {s: conf.sites.site(s).work_pool for s in conf.sites.names}
     common = {"job_id": job_id, "dataset": conf.dataset_name, "training": params.training,
               "overrides": overrides or None}
 
@@ -92,7 +93,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
         sites = [s for s in plan if ex.exists("stats", "prepare.json", writer=s)]
         logger.info("job %s was prepared before on %s; reusing that preparation", job_id, sites)
     else:
-        ids = start_site_runs("site-prepare", {s: {**common, "shards": shards} for s, shards in plan.items()})
+        ids = start_site_runs("site-prepare", {s: {**common, "shards": shards} for s, shards in plan.items()}, pools)
         runs = wait_for_runs(ids, params.phase_timeout_s)
         bad = failed(runs)
         sites = [s for s in plan if s not in bad]
@@ -109,7 +110,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
         ex.delete("control", "abort.json")  # a re-run of an aborted job starts clean
         # Sites wait for each round's weights a little longer than the coordinator waits for them.
         wait_s = 2 * t.federation.round_deadline_s + 300
-        ids = start_site_runs("site-train", {s: {**common, "wait_timeout_s": wait_s} for s in sites})
+        ids = start_site_runs("site-train", {s: {**common, "wait_timeout_s": wait_s} for s in sites}, pools)
 
         def alive(site: str) -> bool:
             st = run_states({site: ids[site]})[site].state
@@ -140,7 +141,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
         if champion:
             ex.put_state("weights", "champion", champion["state"], version=champion["version"])
             names.append("champion")
-        ids = start_site_runs("site-evaluate", {s: {**common, "weights": names} for s in sites})
+        ids = start_site_runs("site-evaluate", {s: {**common, "weights": names} for s in sites}, pools)
         runs = wait_for_runs(ids, params.phase_timeout_s)
         bad = failed(runs)
         eval_sites = [s for s in sites if s not in bad]

@@ -317,7 +317,10 @@ def _explain(path: Path, err: ValidationError) -> ConfigError:
         elif e["type"] == "missing":
             msg = "required key is missing"
         got = e.get("input")
-        shown = "" if e["type"] == "missing" or isinstance(got, dict | list) else f" (got {got!r})"
+        # An unknown key's value is not echoed: the file may not be a config at all (a caller pointed at a
+        # secret), and the message ends up in run states and logs.
+        shown = "" if e["type"] in ("missing", "extra_forbidden") or isinstance(got, dict | list) \
+            else f" (got {got!r})"
         lines.append(f"{path}: key '{key}': {msg}{shown}")
     return ConfigError("\n".join(lines))
 
@@ -383,6 +386,28 @@ class Conf(BaseModel):
             sort_keys=True,
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def trusted_training(training: str, directory: str | os.PathLike[str] | None = None) -> str:
+    """A run's ``training`` parameter, admitted only as a config of this actor's own ``conf/training/``.
+
+    A flow's parameters come from whoever created the run: a path anywhere else would make the site read
+    (and report errors about) a file the caller chose.
+
+    Raises
+    ------
+    ConfigError
+        When ``training`` names a file outside ``<conf>/training/``.
+    """
+    root = (conf_dir(directory) / "training").resolve()
+    p = Path(training)
+    candidate = (root / f"{training}.yaml") if not p.suffix and "/" not in training else p
+    if not candidate.is_absolute():
+        candidate = conf_dir(directory).parent / candidate
+    if root not in candidate.resolve().parents:
+        raise ConfigError(f"training {training!r}: only configs in {root} may be run (give its name, e.g. "
+                          "'fraud'); add yours there")
+    return str(candidate.resolve())
 
 
 def load_conf(

@@ -35,7 +35,7 @@ from typing import Any
 import psutil
 
 from insitu.config import SitesConfig, load_sites
-from insitu.governance.identity import ENV_IDENTITY, Identity, write_identity
+from insitu.governance.identity import ENV_IDENTITY
 from insitu.stack_users import (
     Account,
     can_isolate,
@@ -394,7 +394,7 @@ class Platform:
             port = self.port(f"s3-{server}")
             users = len(self._s3_policies(server))
             comps.append(
-                Component(f"s3-{server}", [_bin("moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                Component(f"s3-{server}", [sys.executable, "-m", "insitu.stack_s3", "--port", str(port)],
                           {**base, "INITIAL_NO_AUTH_ACTION_COUNT": str(no_auth_action_count(users))},
                           lambda p=port: _tcp_ok(p), extra={"s3": server})
             )
@@ -532,21 +532,36 @@ class Platform:
             ensure_traversable(Path(sys.base_prefix).resolve())
             ensure_traversable(REPO)
         for actor in self.actors:
-            acct = self.account(actor)
-            home = make_private_dir(self.actor_home(actor), acct, 0o700)
-            for sub in ("audit", "tmp", "tmp/matplotlib", "prefect", "dask"):
-                make_private_dir(home / sub, acct, 0o700)
-            ident = Identity(actor=actor, role="coordinator" if actor == COORDINATOR else "site",
-                             work_pool=self.work_pool(actor), audit_log=self.audit_log(actor),
-                             audit_key=self.audit_key(actor), path=self.identity_file(actor))
-            write_identity(ident.path, ident, uid=acct.uid if self.isolate else None, gid=acct.gid)
-            if actor != COORDINATOR:
-                from insitu.governance.pki import create_site_pki
+            self._prepare_home(actor)
 
-                create_site_pki(self.tls_dir(actor), actor)
-                if self.isolate:  # keep pki's modes (keys 0600, certificates 0644), give them to the site
-                    for f in [self.tls_dir(actor), *self.tls_dir(actor).iterdir()]:
-                        os.chown(f, acct.uid, acct.gid)
+    def _prepare_home(self, actor: str) -> None:
+        """Create the actor's home (root, in root's ``actors/``), then fill it as the actor (``stack_home``)."""
+        acct = self.account(actor)
+        home = self.actor_home(actor)
+        if home.is_symlink() or (home.exists() and not home.is_dir()):
+            raise PlatformError(f"{home} is not a directory; refusing to use it as {actor}'s home")
+        home.mkdir(exist_ok=True)
+        if self.isolate:
+            os.chown(home, acct.uid, acct.gid, follow_symlinks=False)
+        home.chmod(0o700)
+        spec = {"actor": actor, "role": "coordinator" if actor == COORDINATOR else "site",
+                "work_pool": self.work_pool(actor), "audit_log": str(self.audit_log(actor)),
+                "audit_key": self.audit_key(actor).hex(), "path": str(self.identity_file(actor)),
+                "home": str(home), "with_tls": actor != COORDINATOR}
+        if not self.isolate:
+            from insitu.governance.identity import Identity
+            from insitu.stack_home import prepare_home
+
+            prepare_home(home, Identity(actor=actor, role=spec["role"], work_pool=spec["work_pool"],
+                                        audit_log=self.audit_log(actor), audit_key=self.audit_key(actor),
+                                        path=self.identity_file(actor)), actor != COORDINATOR)
+            return
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "PYTHONPATH": str(REPO)}
+        r = subprocess.run([sys.executable, "-m", "insitu.stack_home"], input=json.dumps(spec), text=True,
+                           env=env, cwd="/", capture_output=True, timeout=120, user=acct.uid, group=acct.gid,
+                           extra_groups=[])
+        if r.returncode != 0:
+            raise PlatformError(f"could not prepare {actor}'s home {home} as {acct.name}: {r.stderr[-2000:]}")
 
     def up(self) -> dict[str, Any]:
         """Start whatever is not running; wait until every component is healthy. Idempotent."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,11 +10,13 @@ from prefect import get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 
-from insitu.config import Conf, load_conf
+from insitu.config import Conf, load_conf, trusted_training
 from insitu.federated.exchange import Exchange
 from insitu.governance.audit import AuditLog
 from insitu.governance.identity import Identity, IdentityError, check_pool, load_identity, refuse_runtime_overrides
 from insitu.storage import Store, store_from_env
+
+JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
 @dataclass
@@ -59,7 +62,9 @@ def site_context(job_id: str, training: str, dataset: str, overrides: dict[str, 
     logger = get_run_logger()
     ident, fr_id = actor_identity("site", job_id)
     site = ident.actor
-    conf = load_conf(training, dataset, overrides=overrides)
+    if not JOB_ID.match(job_id):
+        raise ValueError(f"job_id {job_id!r} must match {JOB_ID.pattern}")
+    conf = load_conf(trusted_training(training), dataset, overrides=overrides)
     cfg = conf.sites.site(site)
     if cfg.work_pool != ident.work_pool:
         raise IdentityError(f"conf/sites.yaml puts site {site!r} on pool {cfg.work_pool!r} but this worker serves "

@@ -13,12 +13,25 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 
 
-def start_site_runs(flow_name: str, params: dict[str, dict[str, Any]]) -> dict[str, UUID]:
-    """``run_deployment("<flow>/<site>")`` for each site without waiting; returns the flow run ids."""
+def start_site_runs(flow_name: str, params: dict[str, dict[str, Any]], pools: dict[str, str]) -> dict[str, UUID]:
+    """``run_deployment("<flow>/<site>")`` for each site without waiting; returns the flow run ids.
+
+    Each deployment must still be on the pool ``conf/sites.yaml`` gives its site (``pools``): anyone with
+    the API's credential can move a deployment, and a site's work must not be sent to another site.
+    """
     logger = get_run_logger()
     ids: dict[str, UUID] = {}
+    deployments: dict[str, UUID] = {}
+    with get_client(sync_client=True) as client:
+        for site in params:
+            dep = client.read_deployment_by_name(f"{flow_name}/{site}")
+            deployments[site] = dep.id
+            if dep.work_pool_name != pools[site]:
+                raise PermissionError(f"deployment {flow_name}/{site} is on pool {dep.work_pool_name!r}, not site "
+                                      f"{site}'s pool {pools[site]!r}: refusing to send {site}'s work there "
+                                      "(re-run `insitu deploy`, and find out who moved it)")
     for site, p in params.items():
-        fr: FlowRun = run_deployment(f"{flow_name}/{site}", parameters=p, timeout=0, as_subflow=True,
+        fr: FlowRun = run_deployment(deployments[site], parameters=p, timeout=0, as_subflow=True,
                                      flow_run_name=f"{flow_name}-{site}-{p.get('job_id', '')}")
         ids[site] = fr.id
         logger.info("started %s/%s as flow run %s", flow_name, site, fr.id)

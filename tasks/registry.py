@@ -31,8 +31,9 @@ WEIGHTS_FILE = "state.pt"
 def code_version() -> str:
     repo = Path(__file__).resolve().parent.parent
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True,
-                             timeout=5).stdout.strip()
+        # safe.directory: the coordinator runs as its own OS user, the checkout belongs to another one.
+        sha = subprocess.run(["git", "-c", f"safe.directory={repo}", "rev-parse", "--short=12", "HEAD"], cwd=repo,
+                             capture_output=True, text=True, timeout=5).stdout.strip()
         return sha or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"

@@ -61,12 +61,14 @@ def write_identity(path: Path, identity: Identity, uid: int | None = None, gid: 
     """Write ``identity`` to ``path`` owner-only (0600), owned by ``uid``/``gid`` when given (platform use)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # A fresh file, never one that is already there: a planted symbolic link is removed, not followed.
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        if uid is not None:
+            os.fchown(f.fileno(), uid, gid if gid is not None else -1)
         f.write(identity.to_json())
-    os.chmod(tmp, 0o600)
-    if uid is not None:
-        os.chown(tmp, uid, gid if gid is not None else -1)
     os.replace(tmp, path)
 
 

@@ -53,10 +53,11 @@ def deployed(platform: Platform) -> Platform:
 
 
 @pytest.fixture
-def shared_conf(platform: Platform) -> Path:
-    """A directory every actor can read, for a test's own training configs (the training parameter names a
-    file the coordinator and the sites read with their own OS users; pytest's tmp_path is root's, 0700)."""
-    d = Path(tempfile.mkdtemp(prefix="conf-", dir=platform.dir / "tmp"))
-    d.chmod(0o755)
-    (platform.dir / "tmp").chmod(0o711)
-    return d
+def shared_conf(platform: Platform) -> Iterator[Path]:
+    """Where a test puts its own training configs: the platform's ``conf/training/`` (a run may name only
+    configs there), removed afterwards. Name them ``e2e-*.yaml`` (git ignores those)."""
+    d = platform.conf_dir / "training"
+    before = set(d.glob("e2e-*.yaml"))
+    yield d
+    for p in set(d.glob("e2e-*.yaml")) - before:
+        p.unlink()

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,7 +36,8 @@ pytestmark = pytest.mark.e2e
 
 EX = "insitu-exchange"
 SITES = ("eu", "us", "apac")
-MOTO = str(Path(sys.executable).parent / "moto_server")
+# The platform's endpoint: moto's server with its admin API refused (insitu/stack_s3.py).
+MOTO = [sys.executable, "-m", "insitu.stack_s3", "--port"]
 
 
 def _free_port() -> int:
@@ -45,7 +47,7 @@ def _free_port() -> int:
 
 
 class Moto:
-    """One moto_server subprocess on a free port, stopped by its PID."""
+    """One S3 endpoint subprocess on a free port, stopped by its PID."""
 
     def __init__(self, log_dir: Path, no_auth: int | None) -> None:
         self.port = _free_port()
@@ -55,12 +57,15 @@ class Moto:
         if no_auth is not None:
             env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(no_auth)
         self.log = open(log_dir / f"moto-{self.port}.log", "wb")  # closed in stop()
-        self.proc = subprocess.Popen([MOTO, "-H", "127.0.0.1", "-p", str(self.port)], env=env,
+        self.proc = subprocess.Popen([*MOTO, str(self.port)], env=env,
                                      stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while True:
-            try:  # /moto-api/ is not counted against INITIAL_NO_AUTH_ACTION_COUNT
+            try:  # the refused /moto-api/ is not counted against INITIAL_NO_AUTH_ACTION_COUNT
                 urllib.request.urlopen(self.url + "/moto-api/", timeout=1).close()
+                return
+            except urllib.error.HTTPError as e:
+                assert e.code == 403, e
                 return
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -165,8 +170,9 @@ def test_provision_needs_exactly_the_counted_unauthenticated_requests(servers: C
     with pytest.raises(RuntimeError, match="still accepts unauthenticated"):
         provision(unset.url, "insitu-a", users)
     exact = servers(n)
-    for _ in range(3):  # health checks do not use up the budget
-        urllib.request.urlopen(exact.url + "/moto-api/", timeout=5).close()
+    for _ in range(3):  # health checks (refused admin API) do not use up the budget
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(exact.url + "/moto-api/", timeout=5).close()
     keys = provision(exact.url, "insitu-a", users)
     assert set(keys) == {"a", "b"} and all(k.startswith("AKIA") and s for k, s in keys.values())
 
@@ -336,3 +342,12 @@ def test_moto_gap_multi_object_delete_under_a_prefix_grant(exchange: Store) -> N
     co.rm_file(path)
     co.invalidate_cache()
     assert not co.exists(path)
+
+
+def test_the_admin_api_that_could_switch_authentication_off_is_refused(servers: Callable[[int | None], Moto]) -> None:
+    moto = servers(no_auth_action_count(1))
+    for method, path in (("POST", "/moto-api/reset-auth"), ("GET", "/moto-api/data.json"), ("POST", "/moto-api/reset")):
+        req = urllib.request.Request(moto.url + path, method=method, data=b"{}" if method == "POST" else None)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+        assert e.value.code == 403

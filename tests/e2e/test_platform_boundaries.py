@@ -55,8 +55,8 @@ def test_a_run_with_job_variables_is_refused_before_anything_starts(deployed: Pl
     before = len(read_events(deployed.audit_log("us")))
     with get_client(sync_client=True) as client:
         dep = client.read_deployment_by_name("site-prepare/us")
-        fr = client.create_flow_run_from_deployment(dep.id, parameters={"job_id": "attack-jv", "shards": ["eu-000"]},
-                                                    job_variables=job_variables)
+        fr = client.create_flow_run_from_deployment(
+            dep.id, parameters={"job_id": "e2e-attack-jv", "shards": ["eu-000"]}, job_variables=job_variables)
     fr = _wait_final(fr.id)
     assert fr.state.is_failed(), fr.state
     assert "refused by site 'us'" in fr.state.message and RULE_JOB_VARIABLES in fr.state.message
@@ -81,7 +81,7 @@ def test_a_deployment_someone_else_registered_on_a_site_pool_does_not_run(
         flow_id = client.read_deployment_by_name("site-prepare/eu").flow_id
         dep_id = client.create_deployment(flow_id, f"evil-{uuid.uuid4().hex[:6]}", work_pool_name="insitu-eu",
                                           entrypoint=entrypoint, pull_steps=pull_steps, path=".")
-        fr = client.create_flow_run_from_deployment(dep_id, parameters={"job_id": "attack-dep"})
+        fr = client.create_flow_run_from_deployment(dep_id, parameters={"job_id": "e2e-attack-dep"})
     fr = _wait_final(fr.id)
     assert fr.state.is_failed() and rule in fr.state.message, fr.state
     assert not Path("/tmp/insitu-pwned").exists()
@@ -96,15 +96,22 @@ def test_an_edited_pool_template_changes_nothing_and_the_guard_still_refuses(dep
     headers = deployed._prefect_headers()
     evil = {"job_configuration": {"command": f"touch {marker}", "env": {}, "working_dir": "/tmp"},
             "variables": {"type": "object", "properties": {}}}
+    worker_log = deployed.dir / "logs" / "worker-insitu-us.log"
+    noticed = worker_log.read_text().count("differs from the locked one")
     r = httpx.patch(f"{deployed.prefect_api_url}/work_pools/insitu-us", json={"base_job_template": evil},
                     headers=headers, timeout=30)
     assert r.status_code == 204, r.text
     try:
+        # The worker has fetched the edited pool (it syncs at its heartbeat) before the run is created.
+        deadline = time.monotonic() + 120
+        while worker_log.read_text().count("differs from the locked one") == noticed:
+            assert time.monotonic() < deadline, "the us worker never saw the edited template"
+            time.sleep(1)
         before = len(read_events(deployed.audit_log("us")))
         with get_client(sync_client=True) as client:
             dep = client.read_deployment_by_name("site-prepare/us")
             fr = client.create_flow_run_from_deployment(dep.id, parameters={
-                "job_id": "attack-template", "shards": ["eu-000"], "requested_by": "mallory"})
+                "job_id": "e2e-attack-template", "shards": ["eu-000"], "requested_by": "mallory"})
         fr = _wait_final(fr.id)
         assert fr.state.is_failed() and "site 'us' refuses to read shard 'eu-000'" in fr.state.message, fr.state
         assert not marker.exists()
@@ -113,12 +120,25 @@ def test_an_edited_pool_template_changes_nothing_and_the_guard_still_refuses(dep
         (refused,) = [e for e in new if e["event"] == "residency.refused"]
         f = refused["fields"]
         assert (f["shard"], f["requested_by"], f["pinned_to"], f["job_id"]) == ("eu-000", "mallory", "eu",
-                                                                                "attack-template")
+                                                                                "e2e-attack-template")
         assert f["rule"] == "residency.shard-pinned-to-site"
         assert not any(e["event"] == "data.read" for e in new)
         assert verify(deployed.audit_log("us"), deployed.audit_key("us")).ok
     finally:
         ensure_locked_pool(deployed.prefect_api_url, headers, "insitu-us")
+
+
+def test_a_run_may_not_point_a_site_at_a_file_of_its_choosing(deployed: Platform) -> None:
+    """The training parameter names a config; a path to anything else (here the site's own identity file,
+    which holds its audit key) is refused without reading or echoing it."""
+    secret = str(deployed.identity_file("us"))
+    with get_client(sync_client=True) as client:
+        dep = client.read_deployment_by_name("site-prepare/us")
+        fr = client.create_flow_run_from_deployment(dep.id, parameters={"job_id": "e2e-attack-conf",
+                                                                         "training": secret})
+    fr = _wait_final(fr.id)
+    assert fr.state.is_failed() and "only configs in" in fr.state.message, fr.state
+    assert deployed.audit_key("us").hex() not in fr.state.message
 
 
 def test_storage_gives_each_credential_only_what_its_holder_may(deployed: Platform) -> None:
@@ -135,14 +155,14 @@ def test_storage_gives_each_credential_only_what_its_holder_may(deployed: Platfo
     assert s3fs.S3FileSystem(**deployed.storage_options("eu", "eu")).ls("insitu-eu") is not None
     # On the exchange eu writes only under its own prefix and reads no other site's artefacts.
     ex = s3fs.S3FileSystem(**deployed.storage_options("exchange", "eu"))
-    ex.pipe("insitu-exchange/jobs/attack/update/eu/x.json", b"{}")
-    for key in ("jobs/attack/update/us/x.json", "jobs/attack/weights/coordinator/round-0001.pt"):
+    ex.pipe("insitu-exchange/jobs/e2e-attack/update/eu/x.json", b"{}")
+    for key in ("jobs/e2e-attack/update/us/x.json", "jobs/e2e-attack/weights/coordinator/round-0001.pt"):
         with pytest.raises(PermissionError):
             ex.pipe(f"insitu-exchange/{key}", b"{}")
     s3fs.S3FileSystem(**deployed.storage_options("exchange", "us")).pipe(
-        "insitu-exchange/jobs/attack/update/us/y.json", b"{}")
+        "insitu-exchange/jobs/e2e-attack/update/us/y.json", b"{}")
     with pytest.raises(PermissionError):
-        ex.cat("insitu-exchange/jobs/attack/update/us/y.json")
+        ex.cat("insitu-exchange/jobs/e2e-attack/update/us/y.json")
 
 
 def test_servers_refuse_unauthenticated_and_unauthorised_callers(deployed: Platform,

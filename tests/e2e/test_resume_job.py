@@ -33,7 +33,7 @@ def _training_config(directory: Path, conf_dir: Path) -> Path:
     # One process per site (cancelling kills it with its flow run); rounds long enough to cancel in round 1.
     cfg.update(rounds=2, local_epochs=20, batch_size=32, strategy="single", ranks_per_site=1,
                registry={"model_name": MODEL})
-    path = directory / "fraud_resume.yaml"
+    path = directory / f"e2e-fraud_resume-{uuid.uuid4().hex[:6]}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 

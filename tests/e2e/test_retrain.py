@@ -84,7 +84,8 @@ def test_model_registered_with_challenger_alias_and_metrics(deployed: Platform, 
     assert mv.tags["gate"] == "passed", mv.tags.get("gate_reason")
     assert client.get_model_version_by_alias("insitu-fraud", "champion").version == mv.version
     assert set(mv.tags["sites"].split(",")) == {"eu", "us", "apac"}
-    assert mv.tags["config_hash"] and mv.tags["code_version"]
+    assert mv.tags["config_hash"]
+    assert re.fullmatch(r"[0-9a-f]{12}", mv.tags["code_version"]), mv.tags["code_version"]  # read as the coordinator
     run = client.get_run(mv.run_id)
     assert 0.5 < run.data.metrics["global_test_roc_auc"] <= 1.0
     for site in ("eu", "us", "apac"):

@@ -37,7 +37,7 @@ def _training_config(directory: Path, conf_dir: Path) -> Path:
     cfg.update(rounds=1, local_epochs=4, batch_size=32, checkpoint={"enabled": True, "every_steps": EVERY})
     # the retry restarts a worker process and re-imports torch: don't let the round's deadline skip eu
     cfg["federation"]["round_deadline_s"] = 900
-    path = directory / "fraud_kill.yaml"
+    path = directory / f"e2e-fraud_kill-{uuid.uuid4().hex[:6]}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 

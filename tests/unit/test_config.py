@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from insitu.config import ConfigError, load_conf
+from insitu.config import ConfigError, load_conf, load_training
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -383,3 +383,24 @@ def test_cross_field_error_names_key(
 def test_exchange_inside_a_site_store_is_rejected(conf_copy: Path) -> None:
     _set(SITES, ("exchange", "storage"), "s3://insitu-eu/exchange/")(conf_copy)
     assert "exchange" in _load_error(conf_copy)
+
+
+def test_a_run_may_name_only_configs_of_its_own_conf_training(tmp_path: Path) -> None:
+    from insitu.config import trusted_training
+
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    assert trusted_training("fraud", conf) == str((conf / "training" / "fraud.yaml").resolve())
+    assert trusted_training(str(conf / "training" / "fraud_single.yaml"), conf).endswith("fraud_single.yaml")
+    secret = tmp_path / "identity.json"
+    secret.write_text('{"audit_key": "00ff"}')
+    for bad in (str(secret), str(conf / "training" / ".." / "sites.yaml"), "../sites", "/etc/passwd"):
+        with pytest.raises(ConfigError, match="only configs in"):
+            trusted_training(bad, conf)
+
+
+def test_an_unknown_keys_value_is_not_echoed(tmp_path: Path) -> None:
+    p = tmp_path / "t.yaml"
+    p.write_text("audit_key: 00ff-secret\n")
+    with pytest.raises(ConfigError) as e:
+        load_training(p)
+    assert "audit_key" in str(e.value) and "00ff-secret" not in str(e.value)

@@ -86,3 +86,13 @@ def test_a_run_from_another_pool_is_refused_and_audited(tmp_path: Path) -> None:
     events = read_events(ident.audit_log)
     assert [e["fields"]["rule"] for e in events] == [RULE_POOL, RULE_POOL]
     assert events[0]["fields"]["run_pool"] == "insitu-us"
+
+
+def test_writing_never_follows_a_planted_link(tmp_path: Path) -> None:
+    ident = _identity(tmp_path)
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / "identity.json.tmp").symlink_to(victim)
+    write_identity(ident.path, ident)
+    assert victim.read_text() == "precious"
+    assert load_identity({ENV_IDENTITY: str(ident.path)}) == ident

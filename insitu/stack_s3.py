@@ -1,0 +1,49 @@
+"""One local S3 endpoint (``python -m insitu.stack_s3 --port P``): moto's server without its admin API.
+
+moto serves ``/moto-api/`` beside S3 and IAM: unauthenticated, it can switch authentication off
+(``reset-auth``) and lists every user's secret key (``data.json``). Any local process could then read
+every site's store, so this endpoint answers 403 there: S3 and IAM requests are all that remain, and
+moto authenticates those once the platform's setup requests are spent (``INITIAL_NO_AUTH_ACTION_COUNT``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+ADMIN_PREFIX = "/moto-api"
+
+
+class RefuseAdminApi:
+    """WSGI middleware: 403 for moto's admin API, everything else to moto."""
+
+    def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
+        self.app = app
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO", "").startswith(ADMIN_PREFIX):
+            start_response("403 Forbidden", [("Content-Type", "text/plain")])
+            return [b"the admin API of this S3 endpoint is disabled\n"]
+        return self.app(environ, start_response)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import run_simple
+
+    ap = argparse.ArgumentParser(prog="python -m insitu.stack_s3")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("MOTO_PORT", str(args.port))  # as moto_server does (moto builds URLs from it)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    app = RefuseAdminApi(DomainDispatcherApplication(create_backend_app))
+    run_simple(args.host, args.port, app, threaded=True, request_handler=MotoRequestHandler)
+
+
+if __name__ == "__main__":
+    main()
