@@ -128,6 +128,10 @@ class InsituWorker(ProcessWorker):
             raise Refused(RULE_PULL_STEPS, f"deployment {dep.name!r} has pull steps {dep.pull_steps!r}, not "
                                            f"{policy.expected_pull_steps()!r}")
         flow = await self.client.read_flow(flow_run.flow_id)
+        pool = await self.client.read_work_pool(self._work_pool_name)
+        if pool.base_job_template != self._locked_template:  # not the run's fault: run it, locked, and say so
+            self.get_flow_run_logger(flow_run).warning(
+                "pool %r's base job template on the server differs from the locked one; ignoring it", pool.name)
         if dep.flow_id != flow_run.flow_id or policy.flows_for(self.identity.role).get(flow.name, ("",))[0] \
                 != dep.entrypoint:
             raise Refused(RULE_FLOW, f"flow {flow.name!r} is not the flow of entrypoint {dep.entrypoint!r}")

@@ -102,11 +102,6 @@ def test_an_edited_pool_template_changes_nothing_and_the_guard_still_refuses(dep
                     headers=headers, timeout=30)
     assert r.status_code == 204, r.text
     try:
-        # The worker has fetched the edited pool (it syncs at its heartbeat) before the run is created.
-        deadline = time.monotonic() + 120
-        while worker_log.read_text().count("differs from the locked one") == noticed:
-            assert time.monotonic() < deadline, "the us worker never saw the edited template"
-            time.sleep(1)
         before = len(read_events(deployed.audit_log("us")))
         with get_client(sync_client=True) as client:
             dep = client.read_deployment_by_name("site-prepare/us")
@@ -115,6 +110,8 @@ def test_an_edited_pool_template_changes_nothing_and_the_guard_still_refuses(dep
         fr = _wait_final(fr.id)
         assert fr.state.is_failed() and "site 'us' refuses to read shard 'eu-000'" in fr.state.message, fr.state
         assert not marker.exists()
+        # The worker read the edited template while vetting this very run, and ran its locked one.
+        assert worker_log.read_text().count("differs from the locked one") > noticed
         assert "pinned to site 'eu'" in fr.state.message
         new = _new_events(deployed, "us", before)
         (refused,) = [e for e in new if e["event"] == "residency.refused"]

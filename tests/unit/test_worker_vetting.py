@@ -55,11 +55,15 @@ class FakeApi:
     async def read_flow(self, _id: Any) -> Any:
         return SimpleNamespace(name=self.flow_name)
 
+    async def read_work_pool(self, name: str) -> Any:
+        return SimpleNamespace(name=name, base_job_template=policy.locked_base_job_template())
+
 
 def _worker(api: FakeApi, role: str = "site") -> InsituWorker:
     w = object.__new__(InsituWorker)  # no server: only what vet() uses
     w._client = api  # type: ignore[assignment]
     w._work_pool_name = "insitu-eu"
+    w._locked_template = policy.locked_base_job_template()
     w.identity = Identity(actor="eu", role=role, work_pool="insitu-eu",  # type: ignore[arg-type]
                           audit_log=Path("/nonexistent"), audit_key=b"k", path=Path("/nonexistent"))
     return w
