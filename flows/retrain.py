@@ -31,6 +31,7 @@ from tasks.registry import (
     load_champion,
     log_figures,
     log_round,
+    logged_rounds,
     register_model,
     start_runs,
 )
@@ -117,11 +118,12 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
             return not (st and st.is_final())
 
         rounds = []
+        logged = logged_rounds(mlruns)
         try:
             for rnd in range(t.rounds):
                 result = aggregate_round(ex, rnd, sites, t.federation.min_sites, t.federation.round_deadline_s,
                                          alive)
-                if not result["resumed"]:  # a resumed round was logged by the attempt that trained it
+                if rnd not in logged:  # once per round, whichever attempt gets there
                     log_round(mlruns, rnd, result)
                 rounds.append(result)
                 update_progress_artifact(progress, progress=100.0 * (rnd + 1) / t.rounds)

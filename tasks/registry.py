@@ -106,6 +106,12 @@ def _log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float], s
         client.log_batch(run_id, metrics=batch)
 
 
+def logged_rounds(runs: dict[str, str]) -> set[int]:
+    """Rounds the job's parent run already records (a re-run logs only the others, e.g. a round aggregated
+    just before the coordinator was stopped)."""
+    return {int(m.step) for m in MlflowClient().get_metric_history(runs["parent"], "sites_in_round")}
+
+
 def log_round(runs: dict[str, str], rnd: int, result: dict[str, Any]) -> None:
     client = MlflowClient()
     for s, m in result["site_metrics"].items():

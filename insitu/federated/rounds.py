@@ -99,8 +99,12 @@ def run_round(
     if ex.exists("weights", done, writer="coordinator"):
         # A re-run of the same job: this round was aggregated before; artefacts are idempotent.
         man = ex.get_json("weights", done, writer="coordinator")
+        metrics = {}
+        for s in man["sites"]:  # the sites' own round metrics, from their update manifests (no weights read)
+            up = ex.get_json("update", f"{round_name(rnd)}.manifest.json", writer=s)
+            metrics[s] = {**up.get("metrics", {}), "n_samples": up["n_samples"], "bytes": up["bytes"]}
         return RoundResult(rnd, list(man["sites"]), [s for s in sites if s not in man["sites"]],
-                           int(man["n_samples"]), {}, resumed=True, sha256=man["sha256"])
+                           int(man["n_samples"]), metrics, resumed=True, sha256=man["sha256"])
     arrived, missing = collect_updates(ex, rnd, sites, deadline_s, is_alive)
     if missing:
         log.warning("round %d: no update from %s within %.0fs; skipped for this round", rnd, missing, deadline_s)

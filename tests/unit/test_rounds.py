@@ -61,6 +61,8 @@ def test_rerun_of_a_job_reuses_an_aggregated_round(tmp_path: Path) -> None:
     assert again.resumed and not first.resumed
     assert again.sites == ["eu", "us"] and again.n_samples == 400 and again.missing == ["apac"]
     assert coord.get_bytes("weights", f"{round_name(1)}.pt") == before
+    # the re-run can still log the round's site metrics (if the first attempt stopped before it did)
+    assert again.site_metrics == first.site_metrics
 
 
 def test_update_not_built_on_this_rounds_weights_is_ignored(tmp_path: Path) -> None:
