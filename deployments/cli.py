@@ -222,7 +222,7 @@ def _run_and_follow(p: Platform, training: str, rounds: int | None, job_id: str 
 
 
 def _print_summary(s: dict[str, Any]) -> None:
-    from insitu.summary import SUMMARY_COLUMNS, summary_rows
+    from insitu.summary import SUMMARY_COLUMNS, identity_lines, summary_rows
 
     t = Table(title=f"insitu job {s['job_id']} — {s['rounds']} federated rounds", show_lines=False)
     for col in SUMMARY_COLUMNS:
@@ -237,6 +237,8 @@ def _print_summary(s: dict[str, Any]) -> None:
     if gate:
         console.print(f"gate {'[green]passed[/green]' if gate['passed'] else '[yellow]failed[/yellow]'}: "
                       f"{gate['reason']} (champion: v{gate['champion']})")
+    for line in identity_lines(s):
+        console.print(f"ran as — {line}")
     console.print(f"bytes that crossed a border: {s['bytes_crossed']:,} (model weights, updates, aggregate "
                   f"statistics, metrics); raw data that stayed in its region: {s['raw_bytes']:,} bytes; rows moved: 0")
 

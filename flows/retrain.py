@@ -21,8 +21,8 @@ from insitu.federated.rounds import round_name
 from insitu.governance.audit import AuditLog
 from insitu.metrics import weighted_global
 from insitu.storage import store_from_env
-from insitu.summary import job_summary, summary_markdown
-from tasks.context import actor_identity
+from insitu.summary import collect_identities, job_summary, summary_markdown
+from tasks.context import actor_identity, ran_as
 from tasks.dispatch import failed, run_states, start_site_runs, wait_for_runs
 from tasks.federation import aggregate_round, publish_global_stats, publish_initial_weights
 from tasks.registry import (
@@ -170,8 +170,9 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
                  previous_champion=decision["previous_champion"])
     reg = {**reg, "alias": "champion" if decision["passed"] else "challenger", "gate": decision}
 
+    identities = collect_identities(ex, ran_as(ident), sites, eval_sites, t.rounds)
     summary = job_summary(job_id, conf, stats["per_site"], rounds, site_metrics, global_metrics, reg, ex.ledger(),
-                          started)
+                          started, identities)
     ex.put_json("summary", "summary.json", summary)
     create_markdown_artifact(key="retrain-summary", markdown=summary_markdown(summary),
                              description=f"insitu job {job_id}")

@@ -30,5 +30,5 @@ def site_evaluate(
         results[name] = evaluate_weights(ctx, name, x, y, len(norm["mean"]), float(norm["pos_weight"]))
         logger.info("site=%s model=%s %s", ctx.site, name,
                     " ".join(f"{k}={v:.4f}" for k, v in results[name].items() if isinstance(v, float)))
-    ctx.exchange.put_json("metrics", "evaluate.json", {"site": ctx.site, "models": results})
+    ctx.exchange.put_json("metrics", "evaluate.json", {"site": ctx.site, "ran_as": ctx.ran_as, "models": results})
     return results

@@ -35,6 +35,7 @@ def site_prepare(
     logger.info("site=%s admitted %d shard(s): %s", ctx.site, len(admitted), [s.id for s in admitted])
     summary = prepare_shards(ctx, admitted, job_id)
     summary["site"] = ctx.site
+    summary["ran_as"] = ctx.ran_as
     ctx.exchange.put_json("stats", "prepare.json", summary)
     logger.info("site=%s prepared %d rows, quarantined %d, unreadable shards %s", ctx.site,
                 summary["rows_prepared"], summary["rows_quarantined"], summary["shards_unreadable"])

@@ -6,6 +6,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from insitu.config import Conf
+from insitu.federated.exchange import Exchange
+from insitu.federated.rounds import round_name
 
 
 def job_summary(
@@ -18,6 +20,7 @@ def job_summary(
     registration: dict[str, Any],
     ledger: dict[str, dict[str, int]],
     started: datetime,
+    identities: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A JSON-able summary. ``ledger`` is the exchange's bytes per writer and kind."""
     sites = {}
@@ -46,9 +49,27 @@ def job_summary(
         "bytes_crossed_by_writer": ledger,
         "raw_bytes": sum(v["raw_bytes"] for v in sites.values()),
         "model": registration,
+        "ran_as": identities or {},
         "started": started.isoformat(),
         "finished": datetime.now(UTC).isoformat(),
     }
+
+
+def collect_identities(
+    ex: Exchange, coordinator: dict[str, str], sites: list[str], eval_sites: list[str], n_rounds: int
+) -> dict[str, dict[str, Any]]:
+    """Which identity ran each step, as each site recorded it in what it published (prepare, last round
+    trained, evaluate); the coordinator's own for plan, aggregation and registration."""
+    out: dict[str, dict[str, Any]] = {"coordinator": {"plan, aggregate, register": coordinator}}
+    for s in sites:
+        steps: dict[str, Any] = {"prepare": ex.get_json("stats", "prepare.json", writer=s).get("ran_as")}
+        trained = [r for r in range(n_rounds) if ex.exists("update", f"{round_name(r)}.manifest.json", writer=s)]
+        if trained:
+            steps["train"] = ex.get_json("update", f"{round_name(trained[-1])}.manifest.json", writer=s).get("ran_as")
+        if s in eval_sites:
+            steps["evaluate"] = ex.get_json("metrics", "evaluate.json", writer=s).get("ran_as")
+        out[s] = steps
+    return out
 
 
 SUMMARY_COLUMNS = ("site", "rows prepared", "quarantined", "unreadable shards", "rounds", "ROC-AUC", "PR-AUC",
@@ -76,6 +97,16 @@ def summary_rows(s: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def identity_lines(s: dict[str, Any]) -> list[str]:
+    """One line per actor: its steps and the identity (OS user, pool) each ran as."""
+    lines = []
+    for actor, steps in s.get("ran_as", {}).items():
+        parts = [f"{step} as {who['os_user']} on pool {who['pool']}" if who else f"{step}: not recorded"
+                 for step, who in steps.items()]
+        lines.append(f"{actor}: " + "; ".join(parts))
+    return lines
+
+
 def summary_markdown(s: dict[str, Any]) -> str:
     gate = s["model"].get("gate", {})
     lines = [
@@ -92,5 +123,9 @@ def summary_markdown(s: dict[str, Any]) -> str:
         "",
         f"Bytes that crossed a border: **{s['bytes_crossed']:,}** (weights, updates, statistics, metrics); "
         f"the raw data would have been **{s['raw_bytes']:,}** bytes. No row left its site.",
+        "",
+        "Who ran each step (from each site's own identity file):",
+        "",
+        *(f"- {line}" for line in identity_lines(s)),
     ]
     return "\n".join(lines)

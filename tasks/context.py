@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pwd
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +29,7 @@ class SiteContext:
     exchange: Exchange
     audit: AuditLog
     flow_run_id: str | None
+    ran_as: dict[str, str]
 
 
 def current_flow_run_id() -> str | None:
@@ -41,6 +44,15 @@ def flow_run_pool(flow_run_id: str | None) -> str | None:
         return None
     with get_client(sync_client=True) as client:
         return client.read_flow_run(flow_run_id).work_pool_name
+
+
+def ran_as(ident: Identity) -> dict[str, str]:
+    """Who ran a step, as the summary reports it: the actor, its OS user and its pool."""
+    try:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        user = str(os.geteuid())
+    return {"actor": ident.actor, "os_user": user, "pool": ident.work_pool}
 
 
 def actor_identity(role: str, job_id: str | None) -> tuple[Identity, str | None]:
@@ -78,4 +90,5 @@ def site_context(job_id: str, training: str, dataset: str, overrides: dict[str, 
         exchange=Exchange(store_from_env(conf.sites.exchange, "exchange"), job_id, writer=site),
         audit=ident.audit(),
         flow_run_id=fr_id,
+        ran_as=ran_as(ident),
     )

@@ -32,7 +32,7 @@ def train_round(ctx: SiteContext, rnd: int, n_features: int, pos_weight: float) 
                      rows=result.n_samples, strategy=t.strategy, ranks=t.ranks_per_site)
     published = ctx.exchange.put_state(
         "update", round_name(rnd), result.state, round=rnd, n_samples=result.n_samples,
-        base_sha256=manifest["sha256"], metrics=result.metrics,
+        base_sha256=manifest["sha256"], metrics=result.metrics, ran_as=ctx.ran_as,
     )
     logger.info("site=%s round=%d strategy=%s ranks=%d samples=%d train_loss=%.4f samples/s=%.0f comm=%.3fs "
                 "resumed_from_step=%d update=%dB", ctx.site, rnd, t.strategy, t.ranks_per_site, result.n_samples,

@@ -131,6 +131,12 @@ def test_exchange_holds_no_row_level_data(deployed: Platform, job: dict[str, Any
     # Byte accounting: the reported bytes are exactly what lies on the exchange for this job.
     assert summary["bytes_crossed"] == sum(fs.size(f) for f in files if "/summary/" not in f)
     assert set(summary["bytes_crossed_by_writer"]) == {"coordinator", "eu", "us", "apac"}
+    # Each step names the identity it ran as: the site's own OS user and pool, from its own identity file.
+    for actor in ("coordinator", "eu", "us", "apac"):
+        for step, who in summary["ran_as"][actor].items():
+            assert who["actor"] == actor and who["pool"] == f"insitu-{actor}", (actor, step, who)
+            assert who["os_user"] == deployed.account(actor).name, (actor, step, who)
+    assert set(summary["ran_as"]["eu"]) == {"prepare", "train", "evaluate"}
 
 
 def test_quarantine_holds_bad_rows_with_reasons(deployed: Platform, job: dict[str, Any]) -> None:

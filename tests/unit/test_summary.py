@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from insitu.summary import SUMMARY_COLUMNS, summary_markdown, summary_rows
 
 SUMMARY = {
@@ -32,3 +34,25 @@ def test_markdown_has_the_gate_and_one_line_per_row() -> None:
     assert "Gate: **failed** — worse" in md
     table = [line for line in md.splitlines() if line.startswith("|")]
     assert len(table) == 2 + len(summary_rows(SUMMARY))
+
+
+def test_the_summary_says_which_identity_ran_each_step(tmp_path: Path) -> None:
+    import torch
+
+    from insitu.federated.exchange import Exchange
+    from insitu.storage import Store
+    from insitu.summary import collect_identities, identity_lines
+
+    store = Store(f"file://{tmp_path}/", {})
+    eu = {"actor": "eu", "os_user": "insitu-eu", "pool": "insitu-eu"}
+    ex_eu = Exchange(store, "j", "eu")
+    ex_eu.put_json("stats", "prepare.json", {"ran_as": eu})
+    ex_eu.put_state("update", "round-0000", {"w": torch.zeros(1)}, ran_as=eu)
+    ex_eu.put_json("metrics", "evaluate.json", {"ran_as": eu})
+    coord = {"actor": "coordinator", "os_user": "insitu-coordinator", "pool": "insitu-coordinator"}
+    ids = collect_identities(Exchange(store, "j", "coordinator"), coord, ["eu"], ["eu"], n_rounds=1)
+    assert ids == {"coordinator": {"plan, aggregate, register": coord},
+                   "eu": {"prepare": eu, "train": eu, "evaluate": eu}}
+    lines = identity_lines({"ran_as": ids})
+    assert lines[1] == ("eu: prepare as insitu-eu on pool insitu-eu; train as insitu-eu on pool insitu-eu; "
+                        "evaluate as insitu-eu on pool insitu-eu")

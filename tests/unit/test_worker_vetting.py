@@ -1,6 +1,6 @@
 """The insitu worker's vetting of a flow run, rule by rule, against an API answering what an attacker set.
 
-The real worker refuses on the real platform in tests/e2e/test_platform_boundaries.py; here every rule is
+The real worker refuses on the real platform in tests/security/test_platform_boundaries.py; here every rule is
 exercised, including the ones an end-to-end attack cannot reach first, and failing closed on API errors.
 """
 

@@ -1,4 +1,5 @@
-"""The real local platform for end-to-end tests: free ports, a temporary state dir, stopped by PID."""
+"""The real local platform, shared by the end-to-end (tests/e2e) and security (tests/security) tests: free ports,
+a temporary state dir, every process stopped by PID."""
 
 from __future__ import annotations
 

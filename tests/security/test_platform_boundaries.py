@@ -205,3 +205,23 @@ def test_a_site_dask_scheduler_admits_only_that_sites_processes(deployed: Platfo
     for address, security in ((deployed.dask_address("eu"), deployed.dask_security("us")), (plain, Security())):
         with pytest.raises((OSError, TimeoutError)):  # another site's certificate; no certificate at all
             Client(address, timeout=5, security=security)
+
+
+def test_the_coordinator_sends_no_sites_work_to_a_moved_deployment(deployed: Platform) -> None:
+    """Someone moves `site-prepare/apac` onto us's pool: the coordinator refuses to start the job's prepare."""
+    from prefect.client.schemas.actions import DeploymentUpdate
+
+    with get_client(sync_client=True) as client:
+        dep = client.read_deployment_by_name("site-prepare/apac")
+        client.update_deployment(dep.id, DeploymentUpdate(work_pool_name="insitu-us"))
+        try:
+            coordinator = client.read_deployment_by_name("retrain/coordinator")
+            fr = client.create_flow_run_from_deployment(coordinator.id, parameters={
+                "params": {"training": "fraud", "job_id": f"e2e-attack-moved-{uuid.uuid4().hex[:6]}"}})
+            fr = _wait_final(fr.id, 600)
+            prepared = [r for r in client.read_flow_runs() if r.name.startswith("site-prepare-apac-e2e-attack-moved")]
+        finally:
+            client.update_deployment(dep.id, DeploymentUpdate(work_pool_name="insitu-apac"))
+    assert fr.state.is_failed(), fr.state
+    assert "site-prepare/apac is on pool 'insitu-us', not site apac's pool 'insitu-apac'" in fr.state.message
+    assert prepared == []
