@@ -123,8 +123,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
             for rnd in range(t.rounds):
                 result = aggregate_round(ex, rnd, sites, t.federation.min_sites, t.federation.round_deadline_s,
                                          alive)
-                if rnd not in logged:  # once per round, whichever attempt gets there
-                    log_round(mlruns, rnd, result)
+                log_round(mlruns, rnd, result, logged)  # once per round and run, whichever attempt gets there
                 rounds.append(result)
                 update_progress_artifact(progress, progress=100.0 * (rnd + 1) / t.rounds)
         except Exception as e:

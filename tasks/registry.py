@@ -106,17 +106,30 @@ def _log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float], s
         client.log_batch(run_id, metrics=batch)
 
 
-def logged_rounds(runs: dict[str, str]) -> set[int]:
-    """Rounds the job's parent run already records (a re-run logs only the others, e.g. a round aggregated
-    just before the coordinator was stopped)."""
-    return {int(m.step) for m in MlflowClient().get_metric_history(runs["parent"], "sites_in_round")}
+def logged_rounds(runs: dict[str, str]) -> dict[str, set[int]]:
+    """Per run of the job (each site's child, and the parent), the rounds it already records.
 
-
-def log_round(runs: dict[str, str], rnd: int, result: dict[str, Any]) -> None:
+    A re-run logs only what is missing, run by run: a coordinator stopped in the middle of logging a round
+    (some children written, the parent not) neither loses nor duplicates a point.
+    """
     client = MlflowClient()
+    out = {"parent": {int(m.step) for m in client.get_metric_history(runs["parent"], "sites_in_round")}}
+    for key, run_id in runs.items():
+        if key != "parent":
+            out[key] = {int(m.step) for m in client.get_metric_history(run_id, "train_loss")}
+    return out
+
+
+def log_round(runs: dict[str, str], rnd: int, result: dict[str, Any],
+              logged: dict[str, set[int]] | None = None) -> None:
+    """One round's site series and the parent's count of sites, skipping runs that already hold it."""
+    client = MlflowClient()
+    logged = logged or {}
     for s, m in result["site_metrics"].items():
-        _log_metrics(client, runs[s], m, step=rnd)
-    _log_metrics(client, runs["parent"], {"sites_in_round": len(result["sites"])}, step=rnd)
+        if rnd not in logged.get(s, set()):
+            _log_metrics(client, runs[s], m, step=rnd)
+    if rnd not in logged.get("parent", set()):
+        _log_metrics(client, runs["parent"], {"sites_in_round": len(result["sites"])}, step=rnd)
 
 
 @task(task_run_name="register-{job_id}")
