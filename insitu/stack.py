@@ -124,9 +124,12 @@ class Platform:
         self.sites: SitesConfig = load_sites(self.conf_dir / "sites.yaml")
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self.state = self._load_state()
-        if self.state.get("format") != STATE_FORMAT and not any(
-                _alive(pid) for pid in self.state.get("pids", {}).values()):
-            self.state = {}  # an older layout with nothing running: start afresh
+        self._older_running = False
+        if self.state.get("format") != STATE_FORMAT:
+            # A platform from an older insitu: keep what `down` needs to stop it, start afresh otherwise.
+            self._older_running = any(_alive(pid) for pid in self.state.get("pids", {}).values())
+            self.state = {k: self.state[k] for k in ("pids", "started", "ports") if k in self.state} \
+                if self._older_running else {}
         self.state["format"] = STATE_FORMAT
         if not self.state.get("ports"):
             self.state["ports"] = self._choose_ports(ports or {}, free_ports)
@@ -565,6 +568,9 @@ class Platform:
 
     def up(self) -> dict[str, Any]:
         """Start whatever is not running; wait until every component is healthy. Idempotent."""
+        if self._older_running and any(self._is_ours(n) for n in self.state.get("pids", {})):
+            raise PlatformError(f"the platform in {self.dir} was started by an older insitu (no authentication, "
+                                "one user); stop it with `insitu down`, then start it again")
         t0 = time.monotonic()
         self._prepare_dirs()
         self._write_mlflow_auth_config()

@@ -64,3 +64,18 @@ def test_ports_and_secrets_persist_across_instances(tmp_path: Path) -> None:
     b = Platform(tmp_path, REPO / "conf", isolate_users=False)
     assert b.state["ports"] == a.state["ports"] and b.state["secrets"] == a.state["secrets"]
     assert len(set(a.state["ports"].values())) == len(a.state["ports"])
+
+
+def test_a_platform_started_by_an_older_insitu_can_be_stopped_not_reused(tmp_path: Path) -> None:
+    import json
+    import os
+
+    from insitu.stack import PlatformError
+
+    old = {"ports": {"prefect": 1}, "pids": {"prefect-server": os.getpid()},
+           "secrets": {"eu": {"access_key": "a", "secret_key": "b", "audit_key": "00"}}}
+    (tmp_path / "state.json").write_text(json.dumps(old))
+    p = Platform(tmp_path, REPO / "conf", isolate_users=False)
+    assert p.state["pids"] == old["pids"] and "prefect_auth" in p.state["secrets"]  # down() has what it needs
+    with pytest.raises(PlatformError, match="older insitu"):
+        p.up()
