@@ -99,10 +99,13 @@ def summary_rows(s: dict[str, Any]) -> list[list[str]]:
 
 def identity_lines(s: dict[str, Any]) -> list[str]:
     """One line per actor: its steps and the identity (OS user, pool) each ran as."""
+    order = ["plan, aggregate, register", "prepare", "train", "evaluate"]  # the job's order (JSON sorts keys)
     lines = []
-    for actor, steps in s.get("ran_as", {}).items():
+    ran_as = s.get("ran_as", {})
+    for actor in sorted(ran_as, key=lambda a: (a != "coordinator", a)):
+        steps = ran_as[actor]
         parts = [f"{step} as {who['os_user']} on pool {who['pool']}" if who else f"{step}: not recorded"
-                 for step, who in steps.items()]
+                 for step, who in sorted(steps.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 9)]
         lines.append(f"{actor}: " + "; ".join(parts))
     return lines
 

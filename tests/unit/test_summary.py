@@ -53,6 +53,7 @@ def test_the_summary_says_which_identity_ran_each_step(tmp_path: Path) -> None:
     ids = collect_identities(Exchange(store, "j", "coordinator"), coord, ["eu"], ["eu"], n_rounds=1)
     assert ids == {"coordinator": {"plan, aggregate, register": coord},
                    "eu": {"prepare": eu, "train": eu, "evaluate": eu}}
-    lines = identity_lines({"ran_as": ids})
+    from_json = {a: dict(sorted(st.items())) for a, st in sorted(ids.items(), reverse=True)}  # keys sorted
+    lines = identity_lines({"ran_as": from_json})
     assert lines[1] == ("eu: prepare as insitu-eu on pool insitu-eu; train as insitu-eu on pool insitu-eu; "
                         "evaluate as insitu-eu on pool insitu-eu")
