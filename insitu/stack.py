@@ -35,7 +35,7 @@ from typing import Any
 import psutil
 
 from insitu.config import SitesConfig, load_sites
-from insitu.governance.identity import ENV_IDENTITY
+from insitu.governance.identity import ENV_IDENTITY, Identity
 from insitu.stack_users import (
     Account,
     can_isolate,
@@ -547,18 +547,16 @@ class Platform:
         if self.isolate:
             os.chown(home, acct.uid, acct.gid, follow_symlinks=False)
         home.chmod(0o700)
-        spec = {"actor": actor, "role": "coordinator" if actor == COORDINATOR else "site",
-                "work_pool": self.work_pool(actor), "audit_log": str(self.audit_log(actor)),
-                "audit_key": self.audit_key(actor).hex(), "path": str(self.identity_file(actor)),
-                "home": str(home), "with_tls": actor != COORDINATOR}
+        ident = Identity(actor=actor, role="coordinator" if actor == COORDINATOR else "site",
+                         work_pool=self.work_pool(actor), audit_log=self.audit_log(actor),
+                         audit_key=self.audit_key(actor), path=self.identity_file(actor))
         if not self.isolate:
-            from insitu.governance.identity import Identity
             from insitu.stack_home import prepare_home
 
-            prepare_home(home, Identity(actor=actor, role=spec["role"], work_pool=spec["work_pool"],
-                                        audit_log=self.audit_log(actor), audit_key=self.audit_key(actor),
-                                        path=self.identity_file(actor)), actor != COORDINATOR)
+            prepare_home(home, ident, with_tls=actor != COORDINATOR)
             return
+        spec = {"identity": ident.to_json(), "path": str(ident.path), "home": str(home),
+                "with_tls": actor != COORDINATOR}
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "PYTHONPATH": str(REPO)}
         r = subprocess.run([sys.executable, "-m", "insitu.stack_home"], input=json.dumps(spec), text=True,
                            env=env, cwd="/", capture_output=True, timeout=120, user=acct.uid, group=acct.gid,

@@ -33,10 +33,8 @@ def prepare_home(home: Path, identity: Identity, with_tls: bool) -> None:
 
 
 def main() -> None:
-    spec: dict[str, Any] = json.load(sys.stdin)
-    ident = Identity(actor=spec["actor"], role=spec["role"], work_pool=spec["work_pool"],
-                     audit_log=Path(spec["audit_log"]), audit_key=bytes.fromhex(spec["audit_key"]),
-                     path=Path(spec["path"]))
+    spec: dict[str, Any] = json.load(sys.stdin)  # {"identity": <identity file text>, "path", "home", "with_tls"}
+    ident = Identity.from_json(spec["identity"], Path(spec["path"]))
     prepare_home(Path(spec["home"]), ident, bool(spec["with_tls"]))
 
 

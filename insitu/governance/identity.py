@@ -52,6 +52,29 @@ class Identity:
         """The actor's own audit log (path and key from this identity, never from a request)."""
         return AuditLog(self.audit_log, self.audit_key, self.actor)
 
+    @classmethod
+    def from_json(cls, text: str, path: Path) -> Identity:
+        """Parse an identity file's text (``path`` is where it lives).
+
+        Raises
+        ------
+        IdentityError
+            When a key is missing, the role unknown or the audit key not non-empty hex.
+        """
+        try:
+            raw = json.loads(text)
+            role = raw["role"]
+            if role not in ("site", "coordinator"):
+                raise ValueError(f"role {role!r} is neither 'site' nor 'coordinator'")
+            key = bytes.fromhex(raw["audit_key"])
+            if not key:
+                raise ValueError("audit_key is empty")
+            return cls(actor=str(raw["actor"]), role=role, work_pool=str(raw["work_pool"]),
+                       audit_log=Path(raw["audit_log"]), audit_key=key, path=path)
+        except (ValueError, KeyError, TypeError) as e:
+            raise IdentityError(f"identity file {path} is malformed: {e!r}; expected keys actor, role, work_pool, "
+                                "audit_log, audit_key (hex)") from None
+
     def to_json(self) -> str:
         return json.dumps({"actor": self.actor, "role": self.role, "work_pool": self.work_pool,
                            "audit_log": str(self.audit_log), "audit_key": self.audit_key.hex()}, indent=2)
@@ -99,19 +122,7 @@ def load_identity(env: Mapping[str, str] | None = None) -> Identity:
     if st.st_mode & 0o077:
         raise IdentityError(f"identity file {path} has mode {stat.S_IMODE(st.st_mode):04o}: others could read or "
                             f"change it. Fix: chmod 600 {path}")
-    try:
-        raw = json.loads(path.read_text())
-        role = raw["role"]
-        if role not in ("site", "coordinator"):
-            raise ValueError(f"role {role!r} is neither 'site' nor 'coordinator'")
-        key = bytes.fromhex(raw["audit_key"])
-        if not key:
-            raise ValueError("audit_key is empty")
-        return Identity(actor=str(raw["actor"]), role=role, work_pool=str(raw["work_pool"]),
-                        audit_log=Path(raw["audit_log"]), audit_key=key, path=path)
-    except (ValueError, KeyError, TypeError) as e:
-        raise IdentityError(f"identity file {path} is malformed: {e!r}; expected keys actor, role, work_pool, "
-                            "audit_log, audit_key (hex)") from None
+    return Identity.from_json(path.read_text(), path)
 
 
 def runtime_overrides(env: Mapping[str, str] | None = None) -> list[str]:
