@@ -21,12 +21,14 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from deployments import cli_governance as governance
 from insitu.config import ConfigError, load_conf
-from insitu.stack import REPO, Platform, PlatformError
+from insitu.stack import COORDINATOR, REPO, Platform, PlatformError
 
 app = typer.Typer(help="insitu: train models where the data lives.", no_args_is_help=True, add_completion=False)
 audit_app = typer.Typer(help="Audit logs: verify the tamper-evident chains.", no_args_is_help=True)
 app.add_typer(audit_app, name="audit")
+app.add_typer(governance.policy_app, name="policy")
 # Wide enough for the summary table when output is not a terminal (CI logs, `make demo | tee`).
 console = Console(width=None if sys.stdout.isatty() else 160)
 
@@ -163,32 +165,101 @@ def deploy(state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) ->
 def run(
     state_dir: StateDir = DEFAULT_STATE,
     conf: ConfDir = DEFAULT_CONF,
-    training: str = "fraud",
+    training: Annotated[str, typer.Option(help="a training config: a name in conf/training/")] = "fraud",
+    dataset: Annotated[str, typer.Option(help="a dataset of conf/datasets.yaml")] = "fraud",
     rounds: Annotated[int | None, typer.Option(help="override the training config's rounds")] = None,
     job_id: Annotated[str | None, typer.Option(help="job id (reuse one to resume)")] = None,
+    as_: governance.As = None,
+    purpose: governance.Purpose = "fraud-detection",
 ) -> None:
-    """Trigger `retrain` through the Prefect API (as the UI does), follow it, print the summary."""
+    """Sign a job request as a principal, trigger `retrain` through the Prefect API, follow it, print the summary.
+
+    Without --as (and without $INSITU_PRINCIPAL_KEY) the job runs under the training's standing approval.
+    """
     _quiet_logs()
     p = _platform(state_dir, conf)
     _require_up(p)
-    summary = _run_and_follow(p, training, rounds, job_id)
+    summary = _run_and_follow(p, training, dataset, rounds, job_id, as_, purpose)
     _print_summary(summary)
     _print_urls(p)
 
 
-def _run_and_follow(p: Platform, training: str, rounds: int | None, job_id: str | None) -> dict[str, Any]:
+@app.command("approve")
+def approve_cmd(
+    state_dir: StateDir = DEFAULT_STATE,
+    conf: ConfDir = DEFAULT_CONF,
+    training: Annotated[str, typer.Option(help="a training config: a name in conf/training/")] = "fraud",
+    dataset: Annotated[str, typer.Option(help="a dataset of conf/datasets.yaml")] = "fraud",
+    as_: governance.As = None,
+    purpose: governance.Purpose = "fraud-detection",
+    max_rounds: Annotated[int, typer.Option(help="most rounds a UI or scheduled run may ask for")] = 20,
+    days: Annotated[float, typer.Option(help="how long the approval is valid")] = 30.0,
+) -> None:
+    """Approve a training config (signed as --as) for runs started from the Prefect UI or a schedule."""
+    p = _platform(state_dir, conf)
+    governance.approve(p, as_, training, dataset, purpose, max_rounds, days)
+
+
+@governance.policy_app.command("show")
+def policy_show(site: str, state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) -> None:
+    """Show a site's policy: version, signer, principals and roles, limits and Cedar rules."""
+    governance.show(_platform(state_dir, conf), site)
+
+
+@governance.policy_app.command("check")
+def policy_check(
+    site: str,
+    state_dir: StateDir = DEFAULT_STATE,
+    conf: ConfDir = DEFAULT_CONF,
+    action: Annotated[str, typer.Option(help="prepare | train | evaluate")] = "train",
+    request: Annotated[Path | None, typer.Option(help="a signed request (JSON) to check")] = None,
+    as_: governance.As = None,
+    training: str = "fraud",
+    dataset: str = "fraud",
+    purpose: governance.Purpose = "fraud-detection",
+    rounds: Annotated[int | None, typer.Option(help="override the training config's rounds")] = None,
+) -> None:
+    """What the site's policy would decide for a request (a file, or one signed now with --as); exit 1 if denied."""
+    p = _platform(state_dir, conf)
+    if not governance.check(p, site, action, request, as_, training, dataset, purpose, "policy-check",
+                            {"rounds": rounds} if rounds else {}):
+        raise typer.Exit(1)
+
+
+@governance.policy_app.command("apply")
+def policy_apply(
+    site: str,
+    state_dir: StateDir = DEFAULT_STATE,
+    conf: ConfDir = DEFAULT_CONF,
+    as_: governance.As = None,
+    cedar: Annotated[Path | None, typer.Option(help="new Cedar rules (default: keep the current ones)")] = None,
+    principals: Annotated[Path | None, typer.Option(help="JSON {name: {public_key, roles}} (default: keep)")] = None,
+    min_rows: Annotated[int | None, typer.Option(help="minimum rows per published aggregate")] = None,
+) -> None:
+    """Sign a new version of the site's policy as one of its site admins and install it at the site."""
+    governance.apply(_platform(state_dir, conf), site, as_, cedar, principals, min_rows)
+
+
+def _run_and_follow(p: Platform, training: str, dataset: str, rounds: int | None, job_id: str | None,
+                    as_: str | None, purpose: str) -> dict[str, Any]:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
     from prefect.deployments import run_deployment
 
     from insitu.federated.exchange import Exchange
+    from insitu.governance.principals import ENV_PRINCIPAL_KEY
     from insitu.storage import store_from_env
 
-    c = load_conf(training, directory=p.conf_dir, overrides={"rounds": rounds} if rounds else None)
+    c = load_conf(training, dataset, directory=p.conf_dir, overrides={"rounds": rounds} if rounds else None)
     job_id = job_id or f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
-    params: dict[str, Any] = {"training": training, "job_id": job_id}
+    params: dict[str, Any] = {"training": training, "dataset": dataset, "job_id": job_id}
     if rounds:
         params["rounds"] = rounds
+    if as_ or os.environ.get(ENV_PRINCIPAL_KEY):
+        signed = governance.sign_job(p, as_, training, dataset, purpose, job_id=job_id,
+                                     overrides={"rounds": rounds} if rounds else None)
+        params["request"] = signed.model_dump(mode="json")
+        console.print(f"signed the job request as {signed.request.principal} (purpose {purpose!r})")
     fr = run_deployment("retrain/coordinator", parameters={"params": params}, timeout=0)
     console.print(f"triggered retrain as flow run {fr.id} (job {job_id}): "
                   f"{p.prefect_ui_url}/runs/flow-run/{fr.id}")
@@ -255,7 +326,9 @@ def demo(
     up(state_dir, conf)
     seed(state_dir, conf, rows=rows)
     deploy(state_dir, conf)
-    run(state_dir, conf, rounds=rounds)
+    # The demo's data scientist approves the nightly schedule and UI runs, then signs this job herself.
+    governance.approve(_platform(state_dir, conf), "alice", "fraud", "fraud", "fraud-detection", 20, 30.0)
+    run(state_dir, conf, rounds=rounds, as_="alice")
     console.print(f"demo finished in {time.monotonic() - t0:.0f}s. The platform is still running so you can "
                   "explore both UIs; stop it with [bold]`.venv/bin/insitu down`[/bold].")
 
@@ -294,21 +367,52 @@ def audit_verify(
     conf: ConfDir = DEFAULT_CONF,
     actor: Annotated[list[str], typer.Option(help="site name or 'coordinator'; default: all")] = [],  # noqa: B006
 ) -> None:
-    """Verify each audit log's hash chain, HMACs and head; report the first broken or missing line."""
-    from insitu.governance.audit import verify
+    """Verify every deployed actor's log (hash chain, HMACs, head) against the anchors recorded outside it.
+
+    Fails when a log is missing, altered, cut short, rolled back with its head, or re-signed.
+    """
+    from insitu.governance.anchors import list_anchors
+    from insitu.governance.trail import verify_trail
+    from insitu.storage import store_from_env
 
     p = _platform(state_dir, conf)
-    actors = actor or ["coordinator", *p.sites.names]
-    t = Table("log", "lines", "result")
-    ok = True
-    for a in actors:
-        path = p.audit_log(a)
-        r = verify(path, p.audit_key(a))
-        ok &= r.ok
-        t.add_row(str(path), str(r.lines), "[green]ok[/green]" if r.ok else f"[red]BROKEN[/red] {r.reason}")
+    actors = actor or p.actors
+    if COORDINATOR not in actors:  # its countersignatures vouch for the sites' anchors
+        actors = [COORDINATOR, *actors]
+    stored = list_anchors(store_from_env(p.sites.exchange, "exchange")) if p.state.get("pids") else []
+    results = verify_trail({a: (p.audit_log(a), p.audit_key(a)) for a in actors}, stored)
+    t = Table("actor", "log", "lines", "anchors", "result")
+    for r in results:
+        t.add_row(r.actor, str(r.path), str(r.lines), str(r.anchors),
+                  "[green]ok[/green] " + r.reason if r.ok else f"[red]BROKEN[/red] {r.reason}")
     console.print(t)
-    if not ok:
+    if not all(r.ok for r in results):
         raise typer.Exit(1)
+
+
+@audit_app.command("timeline")
+def audit_timeline(
+    state_dir: StateDir = DEFAULT_STATE,
+    conf: ConfDir = DEFAULT_CONF,
+    job: Annotated[str | None, typer.Option(help="only this job's records")] = None,
+    dataset: Annotated[str | None, typer.Option(help="only this dataset's records")] = None,
+    principal: Annotated[str | None, typer.Option(help="only records of this principal")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="jsonl | csv")] = "jsonl",
+    out: Annotated[Path | None, typer.Option(help="write here instead of standard output")] = None,
+) -> None:
+    """Every actor's audit records merged into one time-ordered view (verify first: this reads, it does not check)."""
+    from insitu.governance.trail import timeline, to_csv, to_jsonl
+
+    if fmt not in ("jsonl", "csv"):
+        raise typer.BadParameter("--format must be jsonl or csv")
+    p = _platform(state_dir, conf)
+    rows = timeline({a: p.audit_log(a) for a in p.actors}, job=job, dataset=dataset, principal=principal)
+    text = to_jsonl(rows) if fmt == "jsonl" else to_csv(rows)
+    if out:
+        out.write_text(text)
+        console.print(f"{len(rows)} records written to {out}")
+    else:
+        sys.stdout.write(text)
 
 
 @audit_app.command("show")

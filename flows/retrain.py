@@ -15,13 +15,16 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from pydantic import BaseModel, Field
 
-from insitu.config import load_conf, trusted_training
+from insitu.config import load_conf, load_training, trusted_training
 from insitu.federated.exchange import Exchange
 from insitu.federated.rounds import round_name
+from insitu.governance.approvals import approvals_dir, find_approval
 from insitu.governance.audit import AuditLog
+from insitu.governance.request import RequestError, SignedRequest, mismatch, parse_signed, training_sha256
 from insitu.metrics import weighted_global
 from insitu.storage import store_from_env
 from insitu.summary import collect_identities, job_summary, summary_markdown
+from tasks.anchoring import countersign
 from tasks.context import actor_identity, ran_as
 from tasks.dispatch import failed, run_states, start_site_runs, wait_for_runs
 from tasks.federation import aggregate_round, publish_global_stats, publish_initial_weights
@@ -48,6 +51,9 @@ class RetrainParams(BaseModel):
     local_epochs: int | None = Field(None, ge=1, le=100, description="override the config's local epochs")
     batch_size: int | None = Field(None, ge=1, le=1_000_000, description="override the config's batch size")
     phase_timeout_s: float = Field(1800, gt=0, description="give up on a phase after this long")
+    request: dict[str, Any] | None = Field(
+        None, description="a job request signed by a principal (`insitu run --as NAME`); empty: use the standing "
+                          "approval of this training and dataset (`insitu approve --as NAME`)")
 
 
 @flow(name="retrain", log_prints=False)
@@ -61,6 +67,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
     t = conf.training
     ident, fr_id = actor_identity("coordinator", job_id)
     audit = ident.audit()
+    signed = job_request(params, job_id, overrides, audit, fr_id)
     ex = Exchange(store_from_env(conf.sites.exchange, "exchange"), job_id, writer="coordinator")
 
     # ---- plan: each shard goes only to the pool of the site it is pinned to
@@ -76,16 +83,22 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
         logger.info("job %s exists: resuming it (finished rounds are reused)", job_id)
     ex.put_json("plan", "plan.json", {"job_id": job_id, "dataset": conf.dataset_name, "shards": plan,
                                       "config_hash": conf.config_hash(), "training": t.model_dump(mode="json")})
-    audit.append("job.planned", job_id=job_id, flow_run_id=fr_id, shards=plan, config_hash=conf.config_hash())
+    req = signed.request
+    audit.append("job.planned", job_id=job_id, flow_run_id=fr_id, shards=plan, config_hash=conf.config_hash(),
+                 principal=req.principal, purpose=req.purpose, request=signed.digest(), standing=req.standing)
     create_markdown_artifact(
         key="retrain-plan",
-        markdown="## Plan for job `" + job_id + "`\n\n| site | pool | shards |\n|---|---|---|\n" + "\n".join(
+        markdown="## Plan for job `" + job_id + "`\n\n"
+        f"Requested by `{req.principal}` for *{req.purpose}* "
+        f"({'standing approval' if req.standing else 'signed job request'}, request `{signed.digest()[:12]}`); "
+        "each site decides it with its own policy.\n\n"
+        "| site | pool | shards |\n|---|---|---|\n" + "\n".join(
             f"| {s} | {conf.sites.site(s).work_pool} | {', '.join(ids)} |" for s, ids in plan.items()),
         description=f"insitu plan {job_id}",
     )
     pools = {s: conf.sites.site(s).work_pool for s in conf.sites.names}
     common = {"job_id": job_id, "dataset": conf.dataset_name, "training": params.training,
-              "overrides": overrides or None}
+              "overrides": overrides or None, "request": signed.model_dump(mode="json")}
 
     # ---- prepare, in parallel on every site's pool
     if ex.exists("stats", "global.json"):
@@ -168,6 +181,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
                  passed=decision["passed"], reason=decision["reason"], champion=decision["champion"],
                  previous_champion=decision["previous_champion"])
     reg = {**reg, "alias": "champion" if decision["passed"] else "challenger", "gate": decision}
+    countersign(audit, ex.store, sites, job_id)
 
     identities = collect_identities(ex, ran_as(ident), sites, eval_sites, t.rounds)
     summary = job_summary(job_id, conf, stats["per_site"], rounds, site_metrics, global_metrics, reg, ex.ledger(),
@@ -178,6 +192,31 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
     logger.info("job %s done: %s v%s (%s), global PR-AUC %.4f; gate: %s", job_id, reg["model_name"],
                 reg["version"], reg["alias"], global_metrics.get("pr_auc", float("nan")), decision["reason"])
     return summary
+
+
+def job_request(params: RetrainParams, job_id: str, overrides: dict[str, Any], audit: AuditLog,
+                fr_id: str | None) -> SignedRequest:
+    """The signed request this job runs under: the one passed in, else the standing approval (checked here
+    so a request every site would refuse fails at once; each site still decides with its own policy)."""
+    try:
+        if params.request:
+            signed = parse_signed(params.request)
+        else:
+            signed = find_approval(approvals_dir(), params.training, params.dataset)
+            if signed is None:
+                raise RequestError(
+                    f"no signed request and no standing approval for training {params.training!r} on dataset "
+                    f"{params.dataset!r}: start the job with `insitu run --as NAME`, or have a data scientist "
+                    f"approve it for scheduled and UI runs with `insitu approve --as NAME --training "
+                    f"{params.training} --dataset {params.dataset} --purpose …`")
+        digest = training_sha256(load_training(trusted_training(params.training)))
+        why = mismatch(signed, job_id, params.dataset, params.training, digest, overrides)
+        if why:
+            raise RequestError(f"the job's request does not cover this run: {why}")
+    except RequestError as e:
+        audit.append("job.refused", job_id=job_id, flow_run_id=fr_id, rule="request.matches-job", reason=str(e))
+        raise
+    return signed
 
 
 def _numbers(m: dict[str, Any]) -> dict[str, float]:

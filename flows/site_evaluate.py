@@ -7,6 +7,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from insitu.data.loader import load_split
+from tasks.anchoring import anchor_site
 from tasks.context import site_context
 from tasks.evaluate import evaluate_weights
 
@@ -18,10 +19,11 @@ def site_evaluate(
     dataset: str = "fraud",
     training: str = "fraud",
     overrides: dict[str, Any] | None = None,
+    request: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Score each named global model on this site's test split; publish metrics (never scores)."""
     logger = get_run_logger()
-    ctx = site_context(job_id, training, dataset, overrides)
+    ctx = site_context(job_id, training, dataset, overrides, request, "evaluate")
     norm = ctx.exchange.get_json("stats", "global.json", writer="coordinator")
     x, y = load_split(ctx.store, dataset, job_id, "test")
     ctx.audit.append("data.read", what="prepared/test", job_id=job_id, flow_run_id=ctx.flow_run_id, rows=len(y))
@@ -31,4 +33,5 @@ def site_evaluate(
         logger.info("site=%s model=%s %s", ctx.site, name,
                     " ".join(f"{k}={v:.4f}" for k, v in results[name].items() if isinstance(v, float)))
     ctx.exchange.put_json("metrics", "evaluate.json", {"site": ctx.site, "ran_as": ctx.ran_as, "models": results})
+    anchor_site(ctx.audit, ctx.exchange.store, ctx.site, job_id, "evaluate")
     return results

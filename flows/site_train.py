@@ -7,6 +7,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from insitu.federated.rounds import round_name
+from tasks.anchoring import anchor_site
 from tasks.context import site_context
 from tasks.train import train_round
 
@@ -17,11 +18,12 @@ def site_train(
     dataset: str = "fraud",
     training: str = "fraud",
     overrides: dict[str, Any] | None = None,
+    request: dict[str, Any] | None = None,
     wait_timeout_s: float = 900.0,
 ) -> dict[str, Any]:
     """Every round of the job: wait for the global weights, train locally, publish the update."""
     logger = get_run_logger()
-    ctx = site_context(job_id, training, dataset, overrides)
+    ctx = site_context(job_id, training, dataset, overrides, request, "train")
     t = ctx.conf.training
     norm = ctx.exchange.get_json("stats", "global.json", writer="coordinator")
     n_features, pos_weight = len(norm["mean"]), float(norm["pos_weight"])
@@ -41,5 +43,6 @@ def site_train(
         else:
             train_round(ctx, rnd, n_features, pos_weight)
         done += 1
+    anchor_site(ctx.audit, ctx.exchange.store, ctx.site, job_id, "train")
     return {"site": ctx.site, "rounds": done}
 

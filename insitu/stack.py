@@ -29,12 +29,14 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from insitu.config import SitesConfig, load_sites
+from insitu.governance.approvals import ENV_APPROVALS
 from insitu.governance.identity import ENV_IDENTITY, Identity
 from insitu.stack_users import (
     Account,
@@ -199,6 +201,60 @@ class Platform:
     def audit_log(self, actor: str) -> Path:
         return self.actor_home(actor) / "audit" / f"{actor}.jsonl"
 
+    # ------------------------------------------------------------------ principals and policies
+    @property
+    def principals_dir(self) -> Path:
+        """The demo principals' key pairs: the caller's, never an actor's (a site cannot sign as a person)."""
+        return self.dir / "principals"
+
+    @property
+    def approvals_dir(self) -> Path:
+        """Standing approvals the coordinator may use for UI and scheduled runs (signed, not secret)."""
+        return self.dir / "approvals"
+
+    def principal_roles(self) -> dict[str, list[str]]:
+        """The local platform's principals: a data scientist, an operator, an auditor and one admin per site."""
+        roles = {"alice": ["data-scientist"], "operator": ["coordinator-operator"], "auditor": ["auditor"]}
+        roles.update({f"{s}-admin": ["site-admin"] for s in self.sites.names})
+        return roles
+
+    def principal_keys(self) -> dict[str, str]:
+        """Each principal's public key (hex); key pairs are created on first use and kept."""
+        from insitu.governance.principals import new_key_pair
+
+        make_private_dir(self.principals_dir, current_account(), 0o700)
+        return {name: new_key_pair(self.principals_dir, name) for name in self.principal_roles()}
+
+    def principal_key_file(self, name: str) -> Path:
+        return self.principals_dir / f"{name}.key"
+
+    def policy_file(self, site: str) -> Path:
+        return self.actor_home(site) / "policy" / "policy.json"
+
+    def site_admins(self, site: str) -> dict[str, str]:
+        """The site's root of trust for its policy: its admins' public keys (in its identity file)."""
+        keys = self.principal_keys()
+        return {f"{site}-admin": keys[f"{site}-admin"]}
+
+    def default_policy(self, site: str, version: int = 1) -> str:
+        """The site's first policy, signed by its admin: alice may train fraud detection (see DEFAULT_CEDAR)."""
+        from insitu.governance.policy import DEFAULT_CEDAR, PrincipalEntry, SitePolicy, sign_policy
+        from insitu.governance.principals import load_private_key
+
+        keys = self.principal_keys()
+        policy = SitePolicy(site=site, version=version, issued_at=datetime.now(UTC),
+                            principals={n: PrincipalEntry(public_key=keys[n], roles=r)
+                                        for n, r in self.principal_roles().items()
+                                        if not r == ["site-admin"] or n == f"{site}-admin"},
+                            cedar=DEFAULT_CEDAR)
+        admin = f"{site}-admin"
+        return sign_policy(policy, admin, load_private_key(self.principal_key_file(admin))).model_dump_json(indent=2)
+
+    def install_policy(self, site: str, signed_policy: str) -> None:
+        """Install a signed policy in the site's home, written *as the site* (see ``stack_home``)."""
+        self._run_home_helper(site, self._identity(site), {"policy_only": True,
+                                                            "policy": {"text": signed_policy, "replace": True}})
+
     def audit_key(self, actor: str) -> bytes:
         return bytes.fromhex(self.state["secrets"]["audit"][actor])
 
@@ -349,6 +405,7 @@ class Platform:
             "MLFLOW_TRACKING_USERNAME": COORDINATOR,
             "MLFLOW_TRACKING_PASSWORD": self.mlflow_password(COORDINATOR),
             ENV_IDENTITY: str(self.identity_file(COORDINATOR)),
+            ENV_APPROVALS: str(self.approvals_dir),
         }
 
     def operator_env(self) -> dict[str, str]:
@@ -528,6 +585,7 @@ class Platform:
         for sub in ("logs", "tmp", "mlflow", "mlflow/artifacts", "prefect-server", "prefect-client"):
             make_private_dir(self.dir / sub, me, 0o700)
         make_private_dir(self.dir / "actors", me, 0o711)
+        make_private_dir(self.approvals_dir, me, 0o755)  # signed approvals: public, read by the coordinator
         if self.isolate:
             ensure_traversable(self.dir)
             # The site users run this same interpreter (its real home may be under root's own home).
@@ -547,16 +605,33 @@ class Platform:
         if self.isolate:
             os.chown(home, acct.uid, acct.gid, follow_symlinks=False)
         home.chmod(0o700)
-        ident = Identity(actor=actor, role="coordinator" if actor == COORDINATOR else "site",
-                         work_pool=self.work_pool(actor), audit_log=self.audit_log(actor),
-                         audit_key=self.audit_key(actor), path=self.identity_file(actor))
-        if not self.isolate:
-            from insitu.stack_home import prepare_home
+        ident = self._identity(actor)
+        extra: dict[str, Any] = {"with_tls": actor != COORDINATOR}
+        if actor != COORDINATOR:  # the platform's default policy, unless the site already has one
+            extra["policy"] = {"text": self.default_policy(actor), "replace": False}
+        self._run_home_helper(actor, ident, extra)
 
-            prepare_home(home, ident, with_tls=actor != COORDINATOR)
+    def _identity(self, actor: str) -> Identity:
+        site = actor != COORDINATOR
+        return Identity(actor=actor, role="site" if site else "coordinator",
+                        work_pool=self.work_pool(actor), audit_log=self.audit_log(actor),
+                        audit_key=self.audit_key(actor), path=self.identity_file(actor),
+                        policy=self.policy_file(actor) if site else None,
+                        admins=self.site_admins(actor) if site else {})
+
+    def _run_home_helper(self, actor: str, ident: Identity, extra: dict[str, Any]) -> None:
+        """Run ``insitu.stack_home`` as the actor (or in-process when not isolated) with ``extra`` in its spec."""
+        home = self.actor_home(actor)
+        spec = {"identity": ident.to_json(), "path": str(ident.path), "home": str(home), **extra}
+        if not self.isolate:
+            from insitu import stack_home
+
+            if not spec.get("policy_only"):
+                stack_home.prepare_home(home, ident, with_tls=bool(spec.get("with_tls")))
+            if spec.get("policy") and ident.policy is not None:
+                stack_home.install_policy(ident.policy, spec["policy"]["text"], bool(spec["policy"]["replace"]))
             return
-        spec = {"identity": ident.to_json(), "path": str(ident.path), "home": str(home),
-                "with_tls": actor != COORDINATOR}
+        acct = self.account(actor)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "PYTHONPATH": str(REPO)}
         r = subprocess.run([sys.executable, "-m", "insitu.stack_home"], input=json.dumps(spec), text=True,
                            env=env, cwd="/", capture_output=True, timeout=120, user=acct.uid, group=acct.gid,

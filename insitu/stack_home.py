@@ -10,13 +10,14 @@ link points to, this process can only write what the actor could write anyway.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from insitu.governance.identity import Identity, write_identity
 
-SUBDIRS = ("audit", "tmp", "tmp/matplotlib", "prefect", "dask")
+SUBDIRS = ("audit", "tmp", "tmp/matplotlib", "prefect", "dask", "policy")
 
 
 def prepare_home(home: Path, identity: Identity, with_tls: bool) -> None:
@@ -32,10 +33,32 @@ def prepare_home(home: Path, identity: Identity, with_tls: bool) -> None:
         create_site_pki(home / "tls", identity.actor)
 
 
+def install_policy(path: Path, signed_policy: str, replace: bool) -> bool:
+    """Write the site's signed policy (when missing, or always with ``replace``); True if written.
+
+    A restart must not overwrite a policy a site admin applied since, so the platform's default is only
+    written into an empty place.
+    """
+    if path.exists() and not replace:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(signed_policy)
+    os.replace(tmp, path)
+    return True
+
+
 def main() -> None:
-    spec: dict[str, Any] = json.load(sys.stdin)  # {"identity": <identity file text>, "path", "home", "with_tls"}
+    # {"identity": <identity file text>, "path", "home", "with_tls", optional "policy": {"text", "replace"}}
+    spec: dict[str, Any] = json.load(sys.stdin)
     ident = Identity.from_json(spec["identity"], Path(spec["path"]))
-    prepare_home(Path(spec["home"]), ident, bool(spec["with_tls"]))
+    if not spec.get("policy_only"):
+        prepare_home(Path(spec["home"]), ident, bool(spec["with_tls"]))
+    if spec.get("policy") and ident.policy is not None:
+        install_policy(ident.policy, spec["policy"]["text"], bool(spec["policy"]["replace"]))
 
 
 if __name__ == "__main__":

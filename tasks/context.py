@@ -12,10 +12,12 @@ from prefect import get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 
-from insitu.config import Conf, load_conf, trusted_training
+from insitu.config import Conf, load_conf, load_training, trusted_training
 from insitu.federated.exchange import Exchange
 from insitu.governance.audit import AuditLog
 from insitu.governance.identity import Identity, IdentityError, check_pool, load_identity, refuse_runtime_overrides
+from insitu.governance.policy import Decision, PolicyError, PolicyRefused, SitePolicy, decide, load_policy
+from insitu.governance.request import Action, training_sha256
 from insitu.storage import Store, store_from_env
 
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -30,6 +32,19 @@ class SiteContext:
     audit: AuditLog
     flow_run_id: str | None
     ran_as: dict[str, str]
+    decision: Decision
+    policy: SitePolicy
+
+    @property
+    def principal(self) -> str:
+        """The principal whose signed request the site's policy admitted (verified, never a parameter)."""
+        assert self.decision.principal is not None
+        return self.decision.principal
+
+    @property
+    def min_rows(self) -> int:
+        """The site's own floor: no published aggregate covers fewer rows."""
+        return self.policy.limits.min_rows_per_aggregate
 
 
 def current_flow_run_id() -> str | None:
@@ -69,26 +84,68 @@ def actor_identity(role: str, job_id: str | None) -> tuple[Identity, str | None]
     return ident, fr_id
 
 
-def site_context(job_id: str, training: str, dataset: str, overrides: dict[str, Any] | None) -> SiteContext:
-    """Resolve this site's identity and stores; refuse to run anywhere but on this site's own pool."""
+def admit(ident: Identity, action: Action, job_id: str, training: str, dataset: str,
+          overrides: dict[str, Any] | None, request: dict[str, Any] | None, conf: Conf,
+          flow_run_id: str | None) -> tuple[Decision, SitePolicy]:
+    """Decide the run's signed request with this site's own policy; audit the decision either way.
+
+    Raises
+    ------
+    PolicyRefused
+        When the policy refuses (or cannot be loaded: then every request is refused).
+    """
+    audit = ident.audit()
+    try:
+        if ident.policy is None:
+            raise PolicyError(f"site {ident.actor!r} has no policy file in its identity {ident.path}")
+        policy = load_policy(ident.policy, ident.actor, ident.admins)
+    except PolicyError as e:
+        audit.append("policy.refused", job_id=job_id, flow_run_id=flow_run_id, action=action, dataset=dataset,
+                     rule="policy.signed-by-site-admin", reason=str(e))
+        raise
+    t = conf.training
+    digest = training_sha256(load_training(trusted_training(training)))
+    d = decide(policy, request, action=action, dataset=dataset, job_id=job_id, training=training,
+               training_hash=digest, overrides=overrides,
+               context={"strategy": t.strategy, "aggregator": t.aggregator, "rounds": t.rounds,
+                        "local_epochs": t.local_epochs, "ranks_per_site": t.ranks_per_site})
+    audit.append("policy.decision", job_id=job_id, flow_run_id=flow_run_id, training=training, **d.audit_fields())
+    if not d.allowed:
+        raise PolicyRefused(d)
+    return d, policy
+
+
+def site_context(job_id: str, training: str, dataset: str, overrides: dict[str, Any] | None,
+                 request: dict[str, Any] | None, action: Action) -> SiteContext:
+    """Resolve this site's identity and stores, and admit the run's signed request with the site's policy.
+
+    Refuses to run anywhere but on this site's own pool, and for anyone its policy does not admit.
+    """
     logger = get_run_logger()
     ident, fr_id = actor_identity("site", job_id)
     site = ident.actor
-    if not JOB_ID.match(job_id):
-        raise ValueError(f"job_id {job_id!r} must match {JOB_ID.pattern}")
+    check_job_id(job_id)
     conf = load_conf(trusted_training(training), dataset, overrides=overrides)
     cfg = conf.sites.site(site)
     if cfg.work_pool != ident.work_pool:
         raise IdentityError(f"conf/sites.yaml puts site {site!r} on pool {cfg.work_pool!r} but this worker serves "
                             f"{ident.work_pool!r}: fix sites.yaml or the site's identity file {ident.path}")
-    logger.info("site identity: site=%s pool=%s flow_run=%s (from this worker's own identity file)", site,
-                ident.work_pool, fr_id)
+    decision, policy = admit(ident, action, job_id, training, dataset, overrides, request, conf, fr_id)
+    logger.info("site=%s pool=%s flow_run=%s: %s", site, ident.work_pool, fr_id, decision.reason)
     return SiteContext(
         site=site,
         conf=conf,
         store=store_from_env(cfg, site),
         exchange=Exchange(store_from_env(conf.sites.exchange, "exchange"), job_id, writer=site),
-        audit=ident.audit(),
+        audit=ident.audit().with_fields(principal=decision.principal),
         flow_run_id=fr_id,
         ran_as=ran_as(ident),
+        decision=decision,
+        policy=policy,
     )
+
+
+def check_job_id(job_id: str) -> str:
+    if not isinstance(job_id, str) or not JOB_ID.match(job_id):
+        raise ValueError(f"job_id {str(job_id)[:40]!r} must match {JOB_ID.pattern}")
+    return job_id

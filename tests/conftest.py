@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -50,7 +51,33 @@ def deployed(platform: Platform) -> Platform:
     seeded = seed(conf, rows_per_site=int(os.environ.get("INSITU_E2E_ROWS", "3000")))
     platform.state["seeded"] = seeded
     deploy_all(conf.sites)
+    approve(platform, "fraud")  # what the UI trigger and scheduled runs of `fraud` run under
     return platform
+
+
+@pytest.fixture(scope="session")
+def signer(platform: Platform) -> Any:
+    """``signer(training="fraud", job_id=None, principal="alice", **kw)``: a signed request (see :func:`sign`)."""
+    return lambda *a, **kw: sign(platform, *a, **kw)
+
+
+def sign(platform: Platform, training: str = "fraud", job_id: str | None = None, principal: str = "alice",
+         **kw: Any) -> dict[str, Any]:
+    """A request signed by one of the platform's principals, as `insitu run --as` makes it (a flow parameter)."""
+    from insitu.governance.request import sign_for
+
+    return sign_for(platform.principal_key_file(principal), principal, training, kw.pop("dataset", "fraud"),
+                    kw.pop("purpose", "fraud-detection"), job_id=job_id, conf_directory=platform.conf_dir,
+                    **kw).model_dump(mode="json")
+
+
+def approve(platform: Platform, training: str, max_rounds: int = 20) -> None:
+    """A standing approval by alice for `training` (as `insitu approve --as alice` writes it)."""
+    from insitu.governance.approvals import save_approval
+    from insitu.governance.request import parse_signed
+
+    save_approval(platform.approvals_dir, parse_signed(sign(
+        platform, training, override_bounds={"rounds": {"min": 1, "max": max_rounds}})))
 
 
 @pytest.fixture

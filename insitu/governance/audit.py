@@ -159,7 +159,15 @@ class AuditLog:
         self.path = Path(path)
         self.key = bytes(key)
         self.actor = actor
+        self.defaults: dict[str, Any] = {}
         self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def with_fields(self, **defaults: Any) -> AuditLog:
+        """The same log, with ``defaults`` added to every record appended through the returned object
+        (e.g. the verified principal of the request a site flow runs for)."""
+        bound = AuditLog(self.path, self.key, self.actor)
+        bound.defaults = {**self.defaults, **defaults}
+        return bound
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one signed record and update the head file, under an exclusive lock.
@@ -184,7 +192,7 @@ class AuditLog:
             If the tail of the log does not match its head file (truncated, edited, head
             deleted): appending would rewrite the head and hide the tampering.
         """
-        body: dict[str, Any] = {"actor": self.actor, "event": event, "fields": fields}
+        body: dict[str, Any] = {"actor": self.actor, "event": event, "fields": {**self.defaults, **fields}}
         _canonical(body)  # fail on unserialisable fields before taking the lock
         lock_fd = os.open(_lock_path(self.path), os.O_RDWR | os.O_CREAT, 0o640)
         try:
@@ -301,7 +309,7 @@ def _check_line(n: int, line: bytes, prev_line: bytes | None, key: bytes) -> str
     return ""
 
 
-def verify(path: str | Path, key: bytes) -> VerifyResult:
+def verify(path: str | Path, key: bytes, required: bool = False) -> VerifyResult:
     """Check the hash chain, every HMAC, the sequence numbers and the head file of a log.
 
     Parameters
@@ -310,6 +318,8 @@ def verify(path: str | Path, key: bytes) -> VerifyResult:
         The ``.jsonl`` log; its head file is ``<path>.head``.
     key : bytes
         The HMAC key the log was written with.
+    required : bool
+        The log must exist (a deployed actor's log): a missing log and head are a failure, not an empty log.
 
     Returns
     -------
@@ -317,6 +327,9 @@ def verify(path: str | Path, key: bytes) -> VerifyResult:
         ``ok`` is False on the first problem found, with the line and a reason.
     """
     path = Path(path)
+    if required and not path.exists():
+        why = "log missing (and its head file too)" if not _head_path(path).exists() else "log missing"
+        return VerifyResult(False, 0, None, f"{why}: this actor is deployed, so its log must exist")
     try:
         data = path.read_bytes()
     except FileNotFoundError:

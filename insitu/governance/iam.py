@@ -69,6 +69,16 @@ def _deny_nested(arn: str, actions: list[str]) -> dict[str, Any]:
     return _statement("DenyKeysDeeperThanLayout", actions, [f"{arn}/jobs/*/*/*/*/*"], effect="Deny")
 
 
+def _anchors(arn: str, writer: str) -> list[dict[str, Any]]:
+    # Audit anchors (insitu.governance.anchors) are write-once: each writer may add objects under its own
+    # anchors/<writer>/ and nobody may delete one, so a rolled-back audit log cannot take its anchors with it.
+    return [
+        _statement("AddOwnAuditAnchors", ["s3:PutObject"], [f"{arn}/anchors/{writer}/*"]),
+        _statement("AuditAnchorsAreWriteOnce", ["s3:DeleteObject", "s3:DeleteObjectVersion"], [f"{arn}/anchors/*"],
+                   effect="Deny"),
+    ]
+
+
 def site_store_policy(bucket: str) -> dict[str, Any]:
     """Policy for a site on its own store: objects and listing of ``bucket``, nothing else.
 
@@ -130,6 +140,7 @@ def exchange_site_policy(bucket: str, site: str) -> dict[str, Any]:
         _statement("ReadOwnAndCoordinator", ["s3:GetObject"], [own, *coordinator]),
         _statement("List", ["s3:ListBucket"], [arn]),
         _deny_nested(arn, ["s3:GetObject", *_WRITE]),
+        *_anchors(arn, site),
     )
 
 
@@ -149,9 +160,10 @@ def exchange_coordinator_policy(bucket: str) -> dict[str, Any]:
     arn = _bucket_arn(bucket)
     return _policy(
         _statement("WriteOwnPrefix", _WRITE, [f"{arn}/jobs/*/*/{COORDINATOR}/*"]),
-        _statement("ReadJobs", ["s3:GetObject"], [f"{arn}/jobs/*"]),
+        _statement("ReadJobs", ["s3:GetObject"], [f"{arn}/jobs/*", f"{arn}/anchors/*"]),
         _statement("List", ["s3:ListBucket"], [arn]),
         _deny_nested(arn, _WRITE),
+        *_anchors(arn, COORDINATOR),
     )
 
 

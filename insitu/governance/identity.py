@@ -10,7 +10,11 @@ which would let a caller forge what ``prefect.runtime`` reports).
 The file is JSON, owner-only (mode 0600), owned by the user the actor's processes run as::
 
     {"actor": "eu", "role": "site", "work_pool": "insitu-eu",
-     "audit_log": "/…/actors/eu/audit/eu.jsonl", "audit_key": "<hex>"}
+     "audit_log": "/…/actors/eu/audit/eu.jsonl", "audit_key": "<hex>",
+     "policy": "/…/actors/eu/policy/policy.json", "admins": {"eu-admin": "<Ed25519 public key, hex>"}}
+
+``admins`` is the site's root of trust for its policy: only a policy signed by one of these keys is loaded
+(``insitu.governance.policy``). The coordinator's file has no policy and no admins.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import json
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -47,6 +51,8 @@ class Identity:
     audit_log: Path
     audit_key: bytes
     path: Path
+    policy: Path | None = None
+    admins: dict[str, str] = field(default_factory=dict)
 
     def audit(self) -> AuditLog:
         """The actor's own audit log (path and key from this identity, never from a request)."""
@@ -69,15 +75,23 @@ class Identity:
             key = bytes.fromhex(raw["audit_key"])
             if not key:
                 raise ValueError("audit_key is empty")
+            admins = raw.get("admins") or {}
+            if not isinstance(admins, dict) or not all(isinstance(v, str) for v in admins.values()):
+                raise ValueError("admins must map admin names to hex public keys")
+            policy = raw.get("policy")
             return cls(actor=str(raw["actor"]), role=role, work_pool=str(raw["work_pool"]),
-                       audit_log=Path(raw["audit_log"]), audit_key=key, path=path)
+                       audit_log=Path(raw["audit_log"]), audit_key=key, path=path,
+                       policy=Path(policy) if policy else None, admins=dict(admins))
         except (ValueError, KeyError, TypeError) as e:
             raise IdentityError(f"identity file {path} is malformed: {e!r}; expected keys actor, role, work_pool, "
                                 "audit_log, audit_key (hex)") from None
 
     def to_json(self) -> str:
-        return json.dumps({"actor": self.actor, "role": self.role, "work_pool": self.work_pool,
-                           "audit_log": str(self.audit_log), "audit_key": self.audit_key.hex()}, indent=2)
+        out = {"actor": self.actor, "role": self.role, "work_pool": self.work_pool,
+               "audit_log": str(self.audit_log), "audit_key": self.audit_key.hex()}
+        if self.policy is not None:
+            out.update(policy=str(self.policy), admins=self.admins)
+        return json.dumps(out, indent=2)
 
 
 def write_identity(path: Path, identity: Identity, uid: int | None = None, gid: int | None = None) -> None:

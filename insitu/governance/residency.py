@@ -27,7 +27,7 @@ def admit_shards(
     dataset_name: str,
     dataset: DatasetConfig,
     audit: AuditLog,
-    requested_by: str,
+    principal: str,
     job_id: str,
     flow_run_id: str | None,
 ) -> list[ShardConfig]:
@@ -51,13 +51,13 @@ def admit_shards(
             where = "is not declared in conf/datasets.yaml" if shard is None else f"is pinned to site {shard.site!r}"
             msg = (
                 f"site {site!r} refuses to read shard {shard_id!r} of dataset {dataset_name!r} for "
-                f"{requested_by!r} (job {job_id}): the shard {where}; rule {rule}"
+                f"{principal!r} (job {job_id}): the shard {where}; rule {rule}"
             )
             audit.append(
                 "residency.refused",
                 shard=shard_id,
                 dataset=dataset_name,
-                requested_by=requested_by,
+                principal=principal,
                 job_id=job_id,
                 flow_run_id=flow_run_id,
                 rule=rule,

@@ -65,11 +65,13 @@ def _logs(flow_run_name: str) -> list[str]:
 
 
 def test_rerun_with_the_same_job_id_resumes_after_the_last_finished_round(
-    deployed: Platform, shared_conf: Path
+    deployed: Platform, shared_conf: Path, signer: Any
 ) -> None:
     ensure_registry_lock(MODEL)
     job_id = f"e2e-resume-{uuid.uuid4().hex[:6]}"
-    params = {"training": str(_training_config(shared_conf, deployed.conf_dir)), "dataset": "fraud", "job_id": job_id}
+    training = _training_config(shared_conf, deployed.conf_dir).stem
+    params = {"training": training, "dataset": "fraud", "job_id": job_id,
+              "request": signer(training, job_id)}
     ex = _exchange(deployed)
     job = f"insitu-exchange/jobs/{job_id}"
 
@@ -96,7 +98,7 @@ def test_rerun_with_the_same_job_id_resumes_after_the_last_finished_round(
     assert not ex.fs.exists(f"{job}/summary/coordinator/summary.json")
 
     # ---- a different configuration under the same job id is refused, and says what to do
-    other = _wait(_start({**params, "rounds": 3}), 300)
+    other = _wait(_start({**params, "rounds": 3, "request": signer(training, job_id, overrides={"rounds": 3})}), 300)
     assert other.state.is_failed()
     assert "Re-run it with the same training config" in other.state.message, other.state.message
 

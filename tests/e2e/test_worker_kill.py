@@ -13,6 +13,7 @@ import signal
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -47,7 +48,7 @@ def _site_store(p: Platform, site: str) -> Store:
 
 
 def test_killed_rank_worker_round_retries_from_checkpoint_and_job_registers(
-    deployed: Platform, shared_conf: Path
+    deployed: Platform, shared_conf: Path, signer: Any
 ) -> None:
     job_id = f"e2e-kill-{uuid.uuid4().hex[:6]}"
     training = _training_config(shared_conf, deployed.conf_dir)
@@ -58,7 +59,8 @@ def test_killed_rank_worker_round_retries_from_checkpoint_and_job_registers(
     with get_client(sync_client=True) as c:
         dep = c.read_deployment_by_name("retrain/coordinator")
         fr = c.create_flow_run_from_deployment(dep.id, parameters={"params": {
-            "training": str(training), "dataset": "fraud", "job_id": job_id}})
+            "training": training.stem, "dataset": "fraud", "job_id": job_id,
+            "request": signer(training.stem, job_id)}})
 
     # Wait until eu's ranks are well into the round (two checkpoints written), then kill a rank's worker.
     deadline = time.monotonic() + 600

@@ -89,7 +89,8 @@ def test_a_deployment_someone_else_registered_on_a_site_pool_does_not_run(
     assert refusal["fields"]["rule"] == rule
 
 
-def test_an_edited_pool_template_changes_nothing_and_the_guard_still_refuses(deployed: Platform) -> None:
+def test_an_edited_pool_template_changes_nothing_and_the_guard_still_refuses(deployed: Platform,
+                                                                            signer: Any) -> None:
     """The pool's template on the server is rewritten to run a command; the worker runs its own locked one,
     whose flow then refuses the foreign shard (and audits it)."""
     marker = Path(f"/tmp/insitu-template-{uuid.uuid4().hex[:6]}")
@@ -110,7 +111,8 @@ def test_an_edited_pool_template_changes_nothing_and_the_guard_still_refuses(dep
         with get_client(sync_client=True) as client:
             dep = client.read_deployment_by_name("site-prepare/us")
             fr = client.create_flow_run_from_deployment(dep.id, parameters={
-                "job_id": "e2e-attack-template", "shards": ["eu-000"], "requested_by": "mallory"})
+                "job_id": "e2e-attack-template", "shards": ["eu-000"],
+                "request": signer(job_id="e2e-attack-template")})
         fr = _wait_final(fr.id)
         assert fr.state.is_failed() and "site 'us' refuses to read shard 'eu-000'" in fr.state.message, fr.state
         assert not marker.exists()
@@ -120,8 +122,8 @@ def test_an_edited_pool_template_changes_nothing_and_the_guard_still_refuses(dep
         new = _new_events(deployed, "us", before)
         (refused,) = [e for e in new if e["event"] == "residency.refused"]
         f = refused["fields"]
-        assert (f["shard"], f["requested_by"], f["pinned_to"], f["job_id"]) == ("eu-000", "mallory", "eu",
-                                                                                "e2e-attack-template")
+        assert (f["shard"], f["principal"], f["pinned_to"], f["job_id"]) == ("eu-000", "alice", "eu",
+                                                                             "e2e-attack-template")
         assert f["rule"] == "residency.shard-pinned-to-site"
         assert not any(e["event"] == "data.read" for e in new)
         assert verify(deployed.audit_log("us"), deployed.audit_key("us")).ok

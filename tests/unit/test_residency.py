@@ -62,7 +62,7 @@ def test_foreign_shard_refused_and_audited(dataset: DatasetConfig, audit: AuditL
     assert ev["fields"] == {
         "shard": "eu-000",
         "dataset": "fraud",
-        "requested_by": "coordinator",
+        "principal": "coordinator",
         "job_id": "job-7",
         "flow_run_id": "run-abc",
         "rule": RULE_PINNED,

@@ -1,0 +1,147 @@
+"""``insitu approve`` and ``insitu policy show|check|apply``: signing what principals ask, and what sites admit.
+
+Signing happens here, on the user's machine, with the user's own key (``--as NAME`` or
+``INSITU_PRINCIPAL_KEY``); the coordinator never holds a principal's key.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from insitu.governance.policy import PolicyError, SignedPolicy, read_signed_policy
+from insitu.governance.principals import PrincipalError, key_id, resolve_key_file
+from insitu.governance.request import RequestError, SignedRequest, parse_signed, sign_for
+from insitu.stack import Platform
+
+console = Console()
+policy_app = typer.Typer(help="A site's own policy: show it, check a request against it, apply a new one.",
+                         no_args_is_help=True)
+
+As = Annotated[str | None, typer.Option("--as", help="principal to sign as (its key: <state>/principals/NAME.key, "
+                                                    "or $INSITU_PRINCIPALS_DIR/NAME.key); default "
+                                                    "$INSITU_PRINCIPAL_KEY")]
+Purpose = Annotated[str, typer.Option(help="why the data is used; each site's policy admits named purposes")]
+
+
+def fail(msg: str, code: int = 1) -> typer.Exit:
+    console.print(f"[red]{msg}[/red]")
+    return typer.Exit(code)
+
+
+def sign_job(p: Platform, as_: str | None, training: str, dataset: str, purpose: str, *, job_id: str | None,
+             overrides: dict[str, int] | None = None, bounds: dict[str, dict[str, int]] | None = None,
+             ttl: timedelta = timedelta(hours=12)) -> SignedRequest:
+    """Sign a job request (with ``job_id``) or a standing approval (without) as the chosen principal."""
+    try:
+        name, key_file = resolve_key_file(as_, default_dir=p.principals_dir)
+        return sign_for(key_file, name, training, dataset, purpose, job_id=job_id, overrides=overrides,
+                        override_bounds=bounds, ttl=ttl, conf_directory=p.conf_dir)
+    except (PrincipalError, RequestError) as e:
+        raise fail(f"cannot sign: {e}") from None
+
+
+def approve(p: Platform, as_: str | None, training: str, dataset: str, purpose: str, max_rounds: int,
+            days: float) -> Path:
+    """Sign and store a standing approval (used by UI and scheduled runs of ``training`` on ``dataset``)."""
+    from insitu.governance.approvals import save_approval
+
+    signed = sign_job(p, as_, training, dataset, purpose, job_id=None,
+                      bounds={"rounds": {"min": 1, "max": max_rounds}, "local_epochs": {"min": 1, "max": 10},
+                              "batch_size": {"min": 16, "max": 4096}},
+                      ttl=timedelta(days=days))
+    path = save_approval(p.approvals_dir, signed)
+    console.print(f"{signed.request.principal} approved training {training!r} on dataset {dataset!r} for "
+                  f"{purpose!r} until {signed.request.expires_at:%Y-%m-%d %H:%M} UTC (≤ {max_rounds} rounds): {path}")
+    return path
+
+
+# --------------------------------------------------------------------------- policy
+def _policy(p: Platform, site: str) -> SignedPolicy:
+    if site not in p.sites.names:
+        raise fail(f"unknown site {site!r}; sites: {p.sites.names}", 2)
+    try:
+        return read_signed_policy(p.policy_file(site))
+    except PolicyError as e:
+        raise fail(str(e)) from None
+
+
+def show(p: Platform, site: str) -> None:
+    signed = _policy(p, site)
+    pol = signed.policy
+    admins = p.site_admins(site)
+    ok = signed.signer in admins
+    console.print(f"site [bold]{site}[/bold] policy v{pol.version}, issued {pol.issued_at:%Y-%m-%d %H:%M} UTC, "
+                  f"signed by {signed.signer} "
+                  + ("[green](a site admin)[/green]" if ok else "[red](NOT a site admin: the site refuses it)[/red]"))
+    t = Table("principal", "roles", "key")
+    for name, e in sorted(pol.principals.items()):
+        t.add_row(name, ", ".join(e.roles), key_id(e.public_key))
+    console.print(t)
+    console.print(f"limits: min rows per published aggregate = {pol.limits.min_rows_per_aggregate}")
+    console.print(pol.cedar)
+
+
+def check(p: Platform, site: str, action: str, request_file: Path | None, as_: str | None, training: str,
+          dataset: str, purpose: str, job_id: str, overrides: dict[str, int]) -> bool:
+    """What ``site`` would decide for a request (a file, or one signed now as ``--as``), without running it."""
+    from insitu.config import load_conf, load_training, trusted_training
+    from insitu.governance.policy import decide, verify_policy
+    from insitu.governance.request import training_sha256
+
+    signed_policy = _policy(p, site)
+    try:
+        policy = verify_policy(signed_policy, site, p.site_admins(site))
+    except PolicyError as e:
+        raise fail(str(e)) from None
+    if request_file is not None:
+        try:
+            req: Any = parse_signed(request_file.read_text()).model_dump(mode="json")
+        except RequestError as e:
+            raise fail(f"{request_file}: {e}") from None
+    else:
+        req = sign_job(p, as_, training, dataset, purpose, job_id=job_id, overrides=overrides or None) \
+            .model_dump(mode="json")
+    training = req["request"]["training"]
+    conf = load_conf(trusted_training(training, p.conf_dir), req["request"]["dataset"], directory=p.conf_dir,
+                     overrides=overrides or req["request"]["overrides"] or None)
+    t = conf.training
+    d = decide(policy, req, action=action, dataset=req["request"]["dataset"], job_id=req["request"]["job_id"] or job_id,
+               training=training, training_hash=training_sha256(load_training(trusted_training(training, p.conf_dir))),
+               overrides=overrides or req["request"]["overrides"],
+               context={"strategy": t.strategy, "aggregator": t.aggregator, "rounds": t.rounds,
+                        "local_epochs": t.local_epochs, "ranks_per_site": t.ranks_per_site})
+    colour = "green" if d.allowed else "red"
+    console.print(f"[{colour}]{'ALLOW' if d.allowed else 'DENY'}[/{colour}] rule {d.rule}: {d.reason}")
+    return d.allowed
+
+
+def apply(p: Platform, site: str, as_: str | None, cedar_file: Path | None, principals_file: Path | None,
+          min_rows: int | None) -> None:
+    """Sign a new version of ``site``'s policy as a site admin and install it in the site's home."""
+    from insitu.governance.policy import Limits, PrincipalEntry, SitePolicy, sign_policy, verify_policy
+    from insitu.governance.principals import load_private_key
+
+    current = _policy(p, site).policy
+    cedar = cedar_file.read_text() if cedar_file else current.cedar
+    principals = current.principals
+    if principals_file is not None:
+        raw = json.loads(principals_file.read_text())
+        principals = {n: PrincipalEntry.model_validate(e) for n, e in raw.items()}
+    limits = Limits(min_rows_per_aggregate=min_rows) if min_rows else current.limits
+    try:
+        name, key_file = resolve_key_file(as_, default_dir=p.principals_dir)
+        new = SitePolicy(site=site, version=current.version + 1, issued_at=datetime.now(UTC), principals=principals,
+                         limits=limits, cedar=cedar)
+        signed = sign_policy(new, name, load_private_key(key_file))
+        verify_policy(signed, site, p.site_admins(site))  # the site would refuse it: refuse here, write nothing
+    except (PolicyError, PrincipalError) as e:
+        raise fail(f"policy not applied: {e}") from None
+    p.install_policy(site, signed.model_dump_json(indent=2))
+    console.print(f"site {site}: policy v{new.version} signed by {name} installed at {p.policy_file(site)}")

@@ -1,0 +1,141 @@
+"""Signed requests and each site's own policy, attacked on the running platform.
+
+Whoever can reach the Prefect API can start a site's flow with any parameters. The site admits only a
+request signed by a principal its own policy lists and permits; every refusal names its rule, and is in
+the site's audit log with the principal as verified (or as claimed, marked unverified).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import typer
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import FlowRun
+
+from deployments import cli_governance as governance
+from insitu.governance.audit import read_events, verify
+from insitu.governance.policy import SitePolicy, sign_policy
+from insitu.governance.principals import load_private_key
+from insitu.stack import Platform
+
+pytestmark = pytest.mark.e2e
+
+
+def _run_prepare(site: str, params: dict[str, Any], timeout: float = 300) -> FlowRun:
+    with get_client(sync_client=True) as client:
+        dep = client.read_deployment_by_name(f"site-prepare/{site}")
+        fr = client.create_flow_run_from_deployment(dep.id, parameters=params)
+        deadline = time.monotonic() + timeout
+        while not (fr := client.read_flow_run(fr.id)).state.is_final():
+            assert time.monotonic() < deadline, f"{fr.name} still {fr.state_name}"
+            time.sleep(1)
+    return fr
+
+
+def _decisions(p: Platform, site: str, job_id: str) -> list[dict[str, Any]]:
+    return [e["fields"] for e in read_events(p.audit_log(site))
+            if e["event"] in ("policy.decision", "policy.refused") and e["fields"].get("job_id") == job_id]
+
+
+def _forged(p: Platform, job_id: str) -> dict[str, Any]:
+    """alice's name on a request the operator signed (the coordinator's operator has no key of alice's)."""
+    from insitu.config import load_training, trusted_training
+    from insitu.governance.request import new_request, sign_request, training_sha256
+
+    digest = training_sha256(load_training(trusted_training("fraud", p.conf_dir)))
+    req = new_request("alice", "fraud", "fraud", digest, "fraud-detection", job_id=job_id)
+    return sign_request(req, load_private_key(p.principal_key_file("operator"))).model_dump(mode="json")
+
+
+@pytest.mark.parametrize("case, rule", [
+    ("unsigned", "request.present"),
+    ("expired", "request.not-expired"),
+    ("forged", "request.signature"),
+    ("altered", "request.signature"),
+    ("out-of-role", "default-deny"),
+    ("other-purpose", "default-deny"),
+])
+def test_a_site_refuses_requests_its_policy_does_not_admit(deployed: Platform, signer: Any, case: str,
+                                                           rule: str) -> None:
+    job_id = f"e2e-policy-{case}-{uuid.uuid4().hex[:6]}"
+    request: Any = None
+    if case == "expired":
+        request = signer(job_id=job_id, ttl=timedelta(seconds=1))
+        time.sleep(1.5)
+    elif case == "forged":
+        request = _forged(deployed, job_id)
+    elif case == "altered":  # signed for 2 rounds; someone on the way makes it 50
+        request = signer(job_id=job_id, overrides={"rounds": 2})
+        request["request"]["overrides"] = {"rounds": 50}
+    elif case == "out-of-role":
+        request = signer(job_id=job_id, principal="operator")
+    elif case == "other-purpose":
+        request = signer(job_id=job_id, purpose="marketing")
+    params = {"job_id": job_id, "shards": ["eu-000"], "request": request}
+    if case == "altered":
+        params["overrides"] = {"rounds": 50}
+    fr = _run_prepare("eu", params)
+    assert fr.state.is_failed(), fr.state
+    assert f"rule {rule}" in fr.state.message and "site 'eu' refuses prepare" in fr.state.message, fr.state.message
+    (decision,) = _decisions(deployed, "eu", job_id)
+    assert decision["allowed"] is False and decision["rule"] == rule
+    # The principal recorded is the verified one: none, unless the signature checked out.
+    assert decision["principal"] == ({"out-of-role": "operator", "other-purpose": "alice",
+                                      "expired": "alice"}.get(case))
+    events = [e for e in read_events(deployed.audit_log("eu")) if e["fields"].get("job_id") == job_id]
+    assert not [e for e in events if e["event"] == "data.read"]
+    assert verify(deployed.audit_log("eu"), deployed.audit_key("eu")).ok
+
+
+def test_a_signed_request_is_admitted_with_the_verified_principal(deployed: Platform, signer: Any) -> None:
+    job_id = f"e2e-policy-ok-{uuid.uuid4().hex[:6]}"
+    fr = _run_prepare("eu", {"job_id": job_id, "shards": ["eu-000"], "request": signer(job_id=job_id)})
+    assert fr.state.is_completed(), fr.state.message
+    (decision,) = _decisions(deployed, "eu", job_id)
+    assert decision["allowed"] and decision["principal"] == "alice"
+    assert decision["rule"] == "data-scientists-fraud-detection"
+    reads = [e for e in read_events(deployed.audit_log("eu"))
+             if e["event"] == "data.read" and e["fields"].get("job_id") == job_id]
+    assert reads and all(e["fields"]["principal"] == "alice" for e in reads)
+
+
+def test_only_a_site_admin_can_change_a_sites_policy(deployed: Platform, signer: Any) -> None:
+    original = deployed.policy_file("us").read_text()
+    current = SitePolicy.model_validate(json.loads(original)["policy"])
+    # Through the CLI: alice is no admin of us, the policy is not written.
+    with pytest.raises(typer.Exit):
+        governance.apply(deployed, "us", "alice", None, None, 1)
+    assert deployed.policy_file("us").read_text() == original
+    # Around the CLI: a policy signed by alice (admitting anything) is put in place at the site itself.
+    lax = current.model_copy(update={"version": current.version + 1,
+                                     "cedar": "@id(\"anything\") permit (principal, action, resource);"})
+    bundle = sign_policy(lax, "alice", load_private_key(deployed.principal_key_file("alice")))
+    deployed.install_policy("us", bundle.model_dump_json())
+    try:
+        job_id = f"e2e-policy-lax-{uuid.uuid4().hex[:6]}"
+        fr = _run_prepare("us", {"job_id": job_id, "shards": ["us-000"],
+                                 "request": signer(job_id=job_id, purpose="marketing")})
+        assert fr.state.is_failed() and "policy.signed-by-site-admin" in fr.state.message, fr.state.message
+        (refusal,) = _decisions(deployed, "us", job_id)
+        assert refusal["rule"] == "policy.signed-by-site-admin" and "'alice'" in refusal["reason"]
+    finally:
+        deployed.install_policy("us", original)
+    # The site admin may: a new version that no longer admits evaluation, seen by `policy check` at once.
+    cedar = current.cedar.replace(', Insitu::Action::"evaluate"]', "]")
+    path = deployed.dir / "tmp" / "us-no-evaluate.cedar"
+    path.write_text(cedar)
+    try:
+        governance.apply(deployed, "us", "us-admin", path, None, None)
+        assert json.loads(deployed.policy_file("us").read_text())["policy"]["version"] == current.version + 1
+        assert governance.check(deployed, "us", "train", None, "alice", "fraud", "fraud", "fraud-detection",
+                                "e2e-check", {})
+        assert not governance.check(deployed, "us", "evaluate", None, "alice", "fraud", "fraud", "fraud-detection",
+                                    "e2e-check", {})
+    finally:
+        deployed.install_policy("us", original)

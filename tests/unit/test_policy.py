@@ -1,0 +1,160 @@
+"""Site policy decisions on signed requests (pure: keys in a temporary directory, Cedar evaluated for real)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from insitu.governance.policy import (
+    DEFAULT_CEDAR,
+    PolicyError,
+    PrincipalEntry,
+    SitePolicy,
+    check_cedar,
+    decide,
+    sign_policy,
+    verify_policy,
+)
+from insitu.governance.principals import load_private_key, new_key_pair
+from insitu.governance.request import new_request, parse_signed, sign_request
+
+HASH = "ab" * 32
+CTX = {"strategy": "ddp", "aggregator": "fedavg", "rounds": 5, "local_epochs": 1, "ranks_per_site": 2}
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("keys")
+    for name in ("alice", "mallory", "operator", "eu-admin"):
+        new_key_pair(d, name)
+    return d
+
+
+def pub(keys: Path, name: str) -> str:
+    return (keys / f"{name}.pub").read_text().strip()
+
+
+@pytest.fixture(scope="module")
+def policy(keys: Path) -> SitePolicy:
+    return SitePolicy(site="eu", version=1, issued_at=datetime.now(UTC), cedar=DEFAULT_CEDAR, principals={
+        "alice": PrincipalEntry(public_key=pub(keys, "alice"), roles=["data-scientist"]),
+        "operator": PrincipalEntry(public_key=pub(keys, "operator"), roles=["coordinator-operator"]),
+        "eu-admin": PrincipalEntry(public_key=pub(keys, "eu-admin"), roles=["site-admin"]),
+    })
+
+
+def signed(keys: Path, signer: str = "alice", principal: str = "alice", **kw: object) -> dict:
+    args = {"dataset": "fraud", "training": "fraud", "training_hash": HASH, "purpose": "fraud-detection",
+            "job_id": "job-1"}
+    args.update(kw)  # type: ignore[arg-type]
+    req = new_request(principal, **args)  # type: ignore[arg-type]
+    return sign_request(req, load_private_key(keys / f"{signer}.key")).model_dump(mode="json")
+
+
+def run(policy: SitePolicy, request: object, action: str = "train", **kw: object):  # type: ignore[no-untyped-def]
+    args = {"dataset": "fraud", "job_id": "job-1", "training": "fraud", "training_hash": HASH, "overrides": None,
+            "context": CTX}
+    args.update(kw)
+    return decide(policy, request, action=action, **args)  # type: ignore[arg-type]
+
+
+def test_a_signed_request_within_policy_is_admitted_by_the_named_rule(policy: SitePolicy, keys: Path) -> None:
+    d = run(policy, signed(keys))
+    assert d.allowed and d.principal == "alice" and d.rule == "data-scientists-fraud-detection"
+    assert d.request and len(d.request) == 64
+
+
+@pytest.mark.parametrize("case, rule", [
+    ("unsigned", "request.present"),
+    ("malformed", "request.well-formed"),
+    ("unknown", "request.known-principal"),
+    ("forged", "request.signature"),
+    ("altered", "request.signature"),
+    ("expired", "request.not-expired"),
+    ("other-job", "request.job"),
+    ("other-dataset", "request.dataset"),
+    ("other-action", "request.action"),
+    ("changed-training", "request.training"),
+    ("other-overrides", "request.overrides"),
+    ("out-of-role", "default-deny"),
+    ("wrong-purpose", "default-deny"),
+])
+def test_each_bad_request_is_refused_by_its_rule(policy: SitePolicy, keys: Path, case: str, rule: str) -> None:
+    kw: dict[str, object] = {}
+    req: object
+    if case == "unsigned":
+        req = None
+    elif case == "malformed":
+        req = {"request": {"principal": "alice"}, "signature": "00"}
+    elif case == "unknown":
+        req = signed(keys, signer="mallory", principal="mallory")
+    elif case == "forged":  # mallory signs a request in alice's name
+        req = signed(keys, signer="mallory", principal="alice")
+    elif case == "altered":  # a coordinator raises the rounds after alice signed
+        req = signed(keys, overrides={"rounds": 2})
+        req["request"]["overrides"] = {"rounds": 40}
+        kw["overrides"] = {"rounds": 40}
+    elif case == "expired":
+        req = signed(keys, ttl=timedelta(seconds=1))
+        kw["now"] = datetime.now(UTC) + timedelta(minutes=1)
+    elif case == "other-job":
+        req = signed(keys, job_id="job-2")
+    elif case == "other-dataset":
+        req = signed(keys, dataset="claims")
+    elif case == "other-action":
+        req = signed(keys, actions=["evaluate"])
+    elif case == "changed-training":
+        req = signed(keys)
+        kw["training_hash"] = "cd" * 32
+    elif case == "other-overrides":
+        req = signed(keys)
+        kw["overrides"] = {"rounds": 3}
+    elif case == "out-of-role":  # the operator is known to the site but no rule permits its role
+        req = signed(keys, signer="operator", principal="operator")
+    else:
+        req = signed(keys, purpose="marketing")
+    d = run(policy, req, **kw)
+    assert not d.allowed and d.rule == rule, d.reason
+    assert f"rule {rule}" in d.reason and "site 'eu' refuses train" in d.reason
+
+
+def test_forbid_wins_and_is_named(policy: SitePolicy, keys: Path) -> None:
+    approval = signed(keys, job_id=None, override_bounds={"rounds": {"min": 1, "max": 40}})
+    assert run(policy, approval, job_id="any", overrides={"rounds": 10}).allowed
+    d = run(policy, approval, job_id="any", overrides={"rounds": 30}, context={**CTX, "rounds": 30})
+    assert not d.allowed and d.rule == "standing-approvals-at-most-20-rounds"
+    d = run(policy, approval, job_id="any", overrides={"rounds": 41}, context={**CTX, "rounds": 41})
+    assert not d.allowed and d.rule == "request.overrides"
+
+
+def test_a_policy_loads_only_when_signed_by_a_site_admin(policy: SitePolicy, keys: Path) -> None:
+    admins = {"eu-admin": pub(keys, "eu-admin")}
+    good = sign_policy(policy, "eu-admin", load_private_key(keys / "eu-admin.key"))
+    assert verify_policy(good, "eu", admins) == policy
+    by_alice = sign_policy(policy, "alice", load_private_key(keys / "alice.key"))
+    with pytest.raises(PolicyError, match="'alice'.*not one of its site admins.*policy.signed-by-site-admin"):
+        verify_policy(by_alice, "eu", admins)
+    forged = sign_policy(policy, "eu-admin", load_private_key(keys / "mallory.key"))
+    with pytest.raises(PolicyError, match="signature does not verify"):
+        verify_policy(forged, "eu", admins)
+    with pytest.raises(PolicyError, match="written for site 'eu'"):
+        verify_policy(good, "us", admins)
+    edited = good.model_copy(update={"policy": policy.model_copy(update={"version": 9})})
+    with pytest.raises(PolicyError, match="signature does not verify"):
+        verify_policy(edited, "eu", admins)
+
+
+def test_cedar_is_validated_against_the_schema() -> None:
+    check_cedar(DEFAULT_CEDAR)
+    with pytest.raises(PolicyError, match="roundz"):
+        check_cedar('permit (principal, action, resource) when { context.roundz < 5 };')
+    with pytest.raises(PolicyError, match="parse"):
+        check_cedar("permit (principal, action")
+
+
+def test_a_request_round_trips_as_a_flow_parameter(keys: Path) -> None:
+    req = signed(keys)
+    assert parse_signed(req).verifies_with(pub(keys, "alice"))
+    assert parse_signed(__import__("json").dumps(req)).request.principal == "alice"
