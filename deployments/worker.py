@@ -139,9 +139,12 @@ class InsituWorker(ProcessWorker):
     async def _refuse(self, flow_run: FlowRun, rule: str, reason: str) -> None:
         message = f"refused by {self.identity.role} {self.identity.actor!r} (worker {self.name!r}): {reason}; " \
                   f"rule {rule}"
-        self.identity.audit().append("run.refused", flow_run_id=str(flow_run.id), rule=rule,
-                                     deployment_id=str(flow_run.deployment_id), flow_run_name=flow_run.name,
-                                     reason=message)
+        try:
+            self.identity.audit().append("run.refused", flow_run_id=str(flow_run.id), rule=rule,
+                                         deployment_id=str(flow_run.deployment_id), flow_run_name=flow_run.name,
+                                         reason=message)
+        except Exception as e:  # the run is refused either way: an unreachable audit log must not leave it Pending
+            message += f" (NOT AUDITED: {type(e).__name__}: {e})"
         self.get_flow_run_logger(flow_run).error(message)
         try:
             await propose_state(self.client, Failed(message=message), flow_run_id=flow_run.id)

@@ -15,11 +15,11 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from pydantic import BaseModel, Field
 
-from insitu.config import load_conf, load_training, trusted_training
+from insitu.config import JOB_ID_PATTERN, load_conf, load_training, trusted_training
 from insitu.federated.exchange import Exchange
 from insitu.federated.rounds import round_name
 from insitu.governance.approvals import approvals_dir, find_approval
-from insitu.governance.audit import AuditLog
+from insitu.governance.audit_service import Auditor
 from insitu.governance.request import RequestError, SignedRequest, mismatch, parse_signed, training_sha256
 from insitu.metrics import weighted_global
 from insitu.storage import store_from_env
@@ -27,6 +27,7 @@ from insitu.summary import collect_identities, job_summary, summary_markdown
 from tasks.anchoring import countersign
 from tasks.context import actor_identity, ran_as
 from tasks.dispatch import failed, run_states, start_site_runs, wait_for_runs
+from tasks.evaluate import read_evaluations
 from tasks.federation import aggregate_round, publish_global_stats, publish_initial_weights
 from tasks.registry import (
     finish_runs,
@@ -45,7 +46,7 @@ class RetrainParams(BaseModel):
 
     training: str = Field("fraud", description="training config: a name in conf/training/")
     dataset: str = Field("fraud", description="dataset in conf/datasets.yaml")
-    job_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+    job_id: str | None = Field(None, pattern=JOB_ID_PATTERN,
                                description="reuse to resume a job; empty for a new one")
     rounds: int | None = Field(None, ge=1, le=1000, description="override the config's rounds")
     local_epochs: int | None = Field(None, ge=1, le=100, description="override the config's local epochs")
@@ -141,7 +142,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
                 update_progress_artifact(progress, progress=100.0 * (rnd + 1) / t.rounds)
         except Exception as e:
             # Tell the sites to stop waiting for weights that will not come, and free their workers.
-            ex.put_json("control", "abort.json", {"reason": f"{type(e).__name__}: {e}"})
+            ex.put_abort(f"{type(e).__name__}: {e}")
             audit.append("job.failed", job_id=job_id, phase="train", reason=str(e))
             raise
         runs = wait_for_runs(ids, params.phase_timeout_s)
@@ -160,7 +161,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
         bad = failed(runs)
         eval_sites = [s for s in sites if s not in bad]
         _check_quorum("evaluate", eval_sites, bad, t.federation.min_sites, audit, job_id)
-        evaluated = {s: ex.get_json("metrics", "evaluate.json", writer=s)["models"] for s in eval_sites}
+        evaluated = read_evaluations(ex, eval_sites, t.rounds)
         site_metrics = {s: _numbers(m[final]) for s, m in evaluated.items()}
         global_metrics = weighted_global(site_metrics)
         champ_sites = {s: _numbers(m["champion"]) for s, m in evaluated.items()} if champion else None
@@ -194,7 +195,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
     return summary
 
 
-def job_request(params: RetrainParams, job_id: str, overrides: dict[str, Any], audit: AuditLog,
+def job_request(params: RetrainParams, job_id: str, overrides: dict[str, Any], audit: Auditor,
                 fr_id: str | None) -> SignedRequest:
     """The signed request this job runs under: the one passed in, else the standing approval (checked here
     so a request every site would refuse fails at once; each site still decides with its own policy)."""
@@ -223,7 +224,7 @@ def _numbers(m: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in m.items() if isinstance(v, int | float)}
 
 
-def _check_quorum(phase: str, ok: list[str], bad: dict[str, str], min_sites: int, audit: AuditLog,
+def _check_quorum(phase: str, ok: list[str], bad: dict[str, str], min_sites: int, audit: Auditor,
                   job_id: str) -> None:
     if len(ok) >= min_sites:
         return

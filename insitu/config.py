@@ -13,8 +13,9 @@ import hashlib
 import json
 import os
 import re
+import types
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -29,6 +30,15 @@ from pydantic import (
 
 SITE_NAME = r"^[a-z][a-z0-9-]{0,30}$"
 ENV_NAME = r"^[A-Z_][A-Z0-9_]*$"
+# What a run may name: a training config (a file of conf/training/) or a dataset (a key of datasets.yaml).
+CONF_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+# A job id becomes part of store prefixes, run names and registry tags: plain characters only, no '/'.
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+STORE_SCHEMES = ("s3", "file", "memory", "gs", "abfs", "az")
+# Schemes whose first path segment is a bucket (or container): DNS-like names, compared ignoring case.
+_BUCKET_SCHEMES = ("s3", "gs", "abfs", "az")
+# Two spellings of one service: a store named both ways is one store.
+_SAME_SERVICE = {"az": "abfs"}
 KNOWN_MODELS = ("fraud_mlp",)
 KNOWN_AGGREGATORS = ("fedavg",)
 KNOWN_STRATEGIES = ("single", "ddp")
@@ -36,6 +46,107 @@ KNOWN_STRATEGIES = ("single", "ddp")
 
 class ConfigError(ValueError):
     """A configuration file is missing, unparsable or invalid."""
+
+
+class _Refusal(ValueError):
+    """A validator's error that names its own key and may keep the value out of the message.
+
+    ``at`` is the key relative to where pydantic reports the error (a model validator reports at the
+    model's own location, which for a whole file is its top level); ``echo=False`` hides the input.
+    """
+
+    def __init__(self, message: str, at: tuple[str | int, ...] = (), echo: bool = True) -> None:
+        super().__init__(message)
+        self.at = at
+        self.echo = echo
+
+
+def _short(value: object, limit: int = 40) -> str:
+    """``repr(value)``, cut to ``limit`` characters: a caller's value is shown, never a caller's essay."""
+    r = repr(value)
+    return r if len(r) <= limit else r[: limit - 1] + "…"
+
+
+def check_job_id(job_id: str) -> str:
+    """``job_id`` if it matches :data:`JOB_ID_PATTERN`.
+
+    Raises
+    ------
+    ValueError
+        When it does not (the message shows at most 40 characters of it).
+    """
+    # fullmatch, not match: '$' alone would let a trailing newline through.
+    if not isinstance(job_id, str) or not re.fullmatch(JOB_ID_PATTERN, job_id):
+        raise ValueError(
+            f"job_id {_short(job_id)} is not a job id: use 1-100 letters, digits, '.', '_' or '-', starting "
+            f"with a letter or digit ({JOB_ID_PATTERN})"
+        )
+    return job_id
+
+
+def normalise_store_url(url: str) -> str:
+    """``url`` spelt one way only, so that two spellings of one store compare equal.
+
+    The scheme is lower-cased, and so is a bucket (bucket names are DNS-like), empty and ``.`` segments
+    are dropped, ``..`` is applied and a trailing ``/`` added: ``S3://Insitu-EU//a/./b/../`` is
+    ``s3://insitu-eu/a/``. No message includes the URL (it could hold a pasted credential).
+
+    Raises
+    ------
+    ValueError
+        For another scheme, no bucket, a bucket that is not a plain name, a ``..`` that climbs above the
+        bucket (or ``/``), a query string, fragment, %-escape, backslash or whitespace.
+    """
+    m = re.fullmatch(r"([A-Za-z][A-Za-z0-9+.-]*)://(.*)", url, flags=re.DOTALL)
+    if m is None or m[1].lower() not in STORE_SCHEMES:
+        raise ValueError(f"must be an fsspec URL such as s3://bucket/ or file:///abs/path (schemes: "
+                         f"{', '.join(STORE_SCHEMES)})")
+    scheme, rest = m[1].lower(), m[2]
+    # Clients read these differently ('?' starts a query for one, is part of a key for another), so two
+    # spellings could name one store without comparing equal.
+    if re.search(r"[?#%\\\s]", rest):
+        raise ValueError("must not hold a query string (?), fragment (#), %-escape, backslash or whitespace: "
+                         "write the plain bucket and prefix, e.g. s3://bucket/prefix/")
+    if scheme == "file":
+        if not rest.startswith("/"):
+            raise ValueError("a file URL needs an absolute path: file:///abs/path (three slashes)")
+        root, path = "", rest
+    else:
+        root, _, path = rest.partition("/")
+        if not root:
+            raise ValueError(f"names no bucket: write {scheme}://bucket/ or {scheme}://bucket/prefix/")
+        # '@' stays allowed for abfs's container@account; a ':' would be a key:secret pasted in.
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._@-]*", root) or root in (".", ".."):
+            raise _Refusal("the bucket must be a plain name (letters, digits, '.', '_', '-'); credentials never "
+                           "go in the URL: name their variables in key_env and secret_env", echo=False)
+        if scheme in _BUCKET_SCHEMES:
+            root = root.lower()
+    kept: list[str] = []
+    for seg in path.split("/"):
+        if seg in ("", "."):
+            continue
+        if seg == "..":
+            if not kept:
+                raise ValueError("a '..' segment climbs above the bucket (or /): write the store's own path")
+            kept.pop()
+        else:
+            kept.append(seg)
+    return f"{scheme}://{root}/" + "".join(f"{seg}/" for seg in kept)
+
+
+def stores_overlap(a: str, b: str) -> bool:
+    """Whether two stores (normalised URLs) share objects: equal, or one inside the other.
+
+    Both end in ``/``, so a prefix is one at a segment boundary: ``s3://b/eu/`` holds ``s3://b/eu/x/`` but
+    not ``s3://b/eu2/``.
+    """
+    a, b = _one_service(a), _one_service(b)
+    return a.startswith(b) or b.startswith(a)
+
+
+def _one_service(url: str) -> str:
+    scheme, rest = url.split("://", 1)
+    return f"{_SAME_SERVICE.get(scheme, scheme)}://{rest}"
 
 
 class _Strict(BaseModel):
@@ -54,9 +165,8 @@ class StorageRef(_Strict):
     @field_validator("storage")
     @classmethod
     def _url(cls, v: str) -> str:
-        if not re.match(r"^(s3|file|memory|gs|abfs|az)://", v):
-            raise ValueError("must be an fsspec URL such as s3://bucket/ or file:///abs/path")
-        return v if v.endswith("/") else v + "/"
+        # One spelling per store, so that the overlap checks of SitesConfig compare like with like.
+        return normalise_store_url(v)
 
 
 class DaskRef(_Strict):
@@ -82,26 +192,54 @@ class SitesConfig(_Strict):
     coordinator: CoordinatorConfig = CoordinatorConfig()
     sites: Annotated[list[SiteConfig], Field(min_length=1)]
 
-    @field_validator("sites")
-    @classmethod
-    def _unique(cls, sites: list[SiteConfig], info: ValidationInfo) -> list[SiteConfig]:
-        for attr in ("name", "work_pool", "storage"):
-            seen: set[str] = set()
-            for s in sites:
+    @model_validator(mode="after")
+    def _own(self) -> SitesConfig:
+        # A site owns its name, pool, store and the variables that hold its keys: anything shared would let
+        # one site's worker (or the exchange's users) reach another's rows.
+        for attr in ("name", "work_pool"):
+            first: dict[str, int] = {}
+            for i, s in enumerate(self.sites):
                 v = getattr(s, attr)
-                if v in seen:
-                    raise ValueError(f"two sites share {attr} {v!r}; give each site its own {attr}")
-                seen.add(v)
-        exchange = info.data.get("exchange")
-        if exchange is not None:
-            for s in sites:
-                a, b = exchange.storage, s.storage
-                if a.startswith(b) or b.startswith(a):
-                    raise ValueError(
-                        f"site {s.name!r} store {b} overlaps the exchange {a}; the exchange needs a "
-                        "store of its own (rows could otherwise leak into it)"
-                    )
-        return sites
+                if v in first:
+                    raise _Refusal(f"two sites share {attr} {v!r} (sites[{first[v]}].{attr}); give each site "
+                                   f"its own {attr}", at=("sites", i, attr))
+                first[v] = i
+        self._own_stores()
+        self._own_variables()
+        return self
+
+    def _own_stores(self) -> None:
+        stores: list[tuple[tuple[str | int, ...], str]] = [(("exchange", "storage"), self.exchange.storage)]
+        stores += [(("sites", i, "storage"), s.storage) for i, s in enumerate(self.sites)]
+        for j, (key, url) in enumerate(stores):
+            for key0, url0 in stores[:j]:
+                if not stores_overlap(url0, url):
+                    continue
+                why = ("the exchange needs a store of its own (rows could otherwise leak into it)"
+                       if key0[0] == "exchange" else "give each site a store of its own (a site could "
+                       "otherwise read or overwrite another's rows)")
+                raise _Refusal(f"store {url} overlaps {_format_loc(key0)} {url0}; {why}: use another bucket, or "
+                               "prefixes neither of which contains the other", at=key)
+
+    def _own_variables(self) -> None:
+        owners: list[tuple[tuple[str | int, ...], StorageRef]] = [(("exchange",), self.exchange)]
+        owners += [(("sites", i), s) for i, s in enumerate(self.sites)]
+        first: dict[str, tuple[str | int, ...]] = {}
+        for at, ref in owners:
+            slots: list[tuple[tuple[str, ...], str | None]] = [
+                ((f,), getattr(ref, f)) for f in ("endpoint_env", "key_env", "secret_env")
+            ]
+            if isinstance(ref, SiteConfig):
+                slots.append((("dask", "scheduler_env"), ref.dask.scheduler_env))
+            for slot, var in slots:
+                if var is None:
+                    continue
+                key = (*at, *slot)
+                if var in first:
+                    raise _Refusal(f"variable {var} is also named by {_format_loc(first[var])}; each site and "
+                                   "the exchange name variables of their own (whoever holds one would otherwise "
+                                   "hold the other's endpoint or keys): rename one of them", at=key)
+                first[var] = key
 
     def site(self, name: str) -> SiteConfig:
         for s in self.sites:
@@ -179,10 +317,16 @@ class DatasetConfig(_Strict):
     @field_validator("shards")
     @classmethod
     def _unique(cls, shards: list[ShardConfig]) -> list[ShardConfig]:
-        ids = [s.id for s in shards]
-        dup = {i for i in ids if ids.count(i) > 1}
-        if dup:
-            raise ValueError(f"shard ids must be unique; rename the repeated ones: {sorted(dup)}")
+        # Compared ignoring case: a shard id names files and audit entries, and a store or file system that
+        # ignores case would give EU-000 and eu-000 the same ones.
+        first: dict[str, int] = {}
+        for i, s in enumerate(shards):
+            folded = s.id.casefold()
+            if folded in first:
+                j = first[folded]
+                raise _Refusal(f"shard ids must be unique, ignoring case: {s.id!r} repeats shards[{j}].id "
+                               f"{shards[j].id!r}; rename one of them", at=(i, "id"), echo=False)
+            first[folded] = i
         return shards
 
     def shards_of(self, site: str) -> list[ShardConfig]:
@@ -197,6 +341,16 @@ class DatasetConfig(_Strict):
 
 class DatasetsConfig(_Strict):
     datasets: Annotated[dict[str, DatasetConfig], Field(min_length=1)]
+
+    @field_validator("datasets")
+    @classmethod
+    def _names(cls, datasets: dict[str, DatasetConfig]) -> dict[str, DatasetConfig]:
+        # A run names its dataset by key, and only a CONF_NAME is admitted: any other key could never be run.
+        for name in datasets:
+            if not re.fullmatch(CONF_NAME, name):
+                raise _Refusal(f"dataset {_short(name)} is not a plain name ({CONF_NAME}); rename it",
+                               echo=False)
+        return datasets
 
 
 # --------------------------------------------------------------------------- training/*.yaml
@@ -303,35 +457,140 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
         if isinstance(p, int):
             parts.append(f"[{p}]")
         else:
-            parts.append(("." if parts else "") + ("schema" if p == "schema_" else str(p)))
+            name = "schema" if p == "schema_" else str(p)
+            # An unknown key is named, but a long one cut short: it may be a secret pasted as a key.
+            name = name if len(name) <= 40 else name[:39] + "…"
+            parts.append(("." if parts else "") + name)
     return "".join(parts) or "<top level>"
 
 
-def _explain(path: Path, err: ValidationError) -> ConfigError:
+def _unwrap(t: Any) -> Any:
+    """``t`` without ``Annotated`` metadata and without ``| None``."""
+    if get_origin(t) is Annotated:
+        t = get_args(t)[0]
+    if get_origin(t) in (Union, types.UnionType):
+        t = next((a for a in get_args(t) if a is not type(None)), t)
+    return t
+
+
+def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys allowed in the mapping at ``loc`` of a file that ``model`` validates ([] if not a model)."""
+    t: Any = model
+    for part in loc:
+        t = _unwrap(t)
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            field = next((f for n, f in t.model_fields.items() if part in (n, f.alias)), None)
+            if field is None:
+                return []
+            t = field.annotation
+        elif get_origin(t) in (list, dict):
+            t = get_args(t)[-1]  # the item type of a list, the value type of a dict
+        else:
+            return []
+    t = _unwrap(t)
+    if not (isinstance(t, type) and issubclass(t, BaseModel)):
+        return []
+    return [f.alias or n for n, f in t.model_fields.items()]
+
+
+def _explain(path: Path, err: ValidationError, model: type[BaseModel]) -> ConfigError:
     lines = []
     for e in err.errors():
-        key = _format_loc(tuple(e["loc"]))
+        loc = tuple(e["loc"])
+        cause = e.get("ctx", {}).get("error")
+        refusal = cause if isinstance(cause, _Refusal) else None
+        key = _format_loc(loc + (refusal.at if refusal else ()))
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (remove it, or check its spelling)"
+            known = _known_keys(model, loc[:-1])
+            msg = "unknown key; remove it or check the spelling"
+            msg += f"; known keys: {', '.join(known)}" if known else ""
         elif e["type"] == "missing":
             msg = "required key is missing"
         got = e.get("input")
-        # An unknown key's value is not echoed: the file may not be a config at all (a caller pointed at a
-        # secret), and the message ends up in run states and logs.
-        shown = "" if e["type"] in ("missing", "extra_forbidden") or isinstance(got, dict | list) \
-            else f" (got {got!r})"
-        lines.append(f"{path}: key '{key}': {msg}{shown}")
+        # A value is echoed only where it helps and cannot be a secret, as the message ends up in run states
+        # and logs. Never an unknown key's (a secret pasted under a wrong key, or a file that is no config at
+        # all), never a *_env key's (a key pasted where the name of its variable belongs), never a whole
+        # mapping or list, nor where the validator said not to.
+        echo = (
+            e["type"] not in ("missing", "extra_forbidden")
+            and not isinstance(got, dict | list)
+            and not (loc and str(loc[-1]).endswith("_env"))
+            and (refusal is None or refusal.echo)
+        )
+        lines.append(f"{path}: key '{key}': {msg}" + (f" (got {_short(got)})" if echo else ""))
     return ConfigError("\n".join(lines))
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping in a YAML file gives one key twice."""
+
+    def __init__(self, key: str, line: int, first_line: int) -> None:
+        super().__init__(f"duplicate key '{key}' at line {line} (first at line {first_line})")
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+class ConfLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses a mapping key given twice, at any depth.
+
+    Plain YAML keeps the last of two equal keys without a word, so a setting pasted twice (a new ``lr``
+    above an old one, a second ``storage`` under a site) would silently win.
+    """
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        self._refuse_duplicate_keys(node)
+        return super().construct_document(node)
+
+    def _refuse_duplicate_keys(self, root: yaml.Node) -> None:
+        todo: list[tuple[yaml.Node, tuple[str | int, ...]]] = [(root, ())]
+        done: set[int] = set()
+        while todo:
+            node, at = todo.pop()
+            if id(node) in done:  # an alias of a node already checked (or a recursive one)
+                continue
+            done.add(id(node))
+            if isinstance(node, yaml.SequenceNode):
+                todo.extend((item, (*at, i)) for i, item in enumerate(node.value))
+            elif isinstance(node, yaml.MappingNode):
+                first: dict[Any, int] = {}
+                for key_node, value_node in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *base': its keys may be overridden
+                        todo.append((value_node, at))
+                        continue
+                    if not isinstance(key_node, yaml.ScalarNode):
+                        continue  # a mapping or list as a key: the constructor refuses it
+                    # Compared as constructed, as the dict would: 'true' and 'True' are one key.
+                    key = self.construct_object(key_node)
+                    line = key_node.start_mark.line + 1
+                    if key in first:
+                        raise DuplicateKeyError(_format_loc((*at, str(key))), line, first[key])
+                    first[key] = line
+                    todo.append((value_node, (*at, str(key))))
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """Where and what, without PyYAML's excerpt of the file (the offending line could hold a secret)."""
+    if isinstance(e, yaml.MarkedYAMLError) and e.problem_mark is not None:
+        mark = e.problem_mark
+        context = f" ({e.context})" if e.context else ""
+        return f"line {mark.line + 1}, column {mark.column + 1}: {e.problem}{context}"
+    return type(e).__name__
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"{path}: file not found (expected a YAML file; see conf/ in the repository)")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=ConfLoader)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot be read as UTF-8 text ({type(e).__name__}); "
+                          "point at a YAML file") from None
+    except DuplicateKeyError as e:
+        raise ConfigError(f"{path}: line {e.line}: key '{e.key}': duplicate key (first at line {e.first_line}); "
+                          "YAML would silently keep only the last: remove or rename one of them") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+        # 'from None': the YAML error's own text quotes the file, and a traceback would carry it into logs.
+        raise ConfigError(f"{path}: not valid YAML at {_yaml_problem(e)}; fix the syntax there") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
@@ -341,7 +600,7 @@ def _load(model: type[BaseModel], path: Path) -> Any:
     try:
         return model.model_validate(_read_yaml(path))
     except ValidationError as e:
-        raise _explain(path, e) from None
+        raise _explain(path, e, model) from None
 
 
 def conf_dir(path: str | os.PathLike[str] | None = None) -> Path:
@@ -389,25 +648,36 @@ class Conf(BaseModel):
 
 
 def trusted_training(training: str, directory: str | os.PathLike[str] | None = None) -> str:
-    """A run's ``training`` parameter, admitted only as a config of this actor's own ``conf/training/``.
+    """A run's ``training`` parameter, admitted only as the name of a config in this actor's ``conf/training/``.
 
-    A flow's parameters come from whoever created the run: a path anywhere else would make the site read
-    (and report errors about) a file the caller chose.
+    A flow's parameters come from whoever created the run: a path would make the site read (and report errors
+    about) a file the caller chose. So only a plain name (:data:`CONF_NAME`: no ``/``, no ``..``, no suffix)
+    of a file ``<conf>/training/<name>.yaml`` is admitted, and that file may not be a link out of the folder.
+
+    Returns
+    -------
+    str
+        The config's resolved path.
 
     Raises
     ------
     ConfigError
-        When ``training`` names a file outside ``<conf>/training/``.
+        For anything else; the message shows at most 40 characters of ``training``.
     """
     root = (conf_dir(directory) / "training").resolve()
-    p = Path(training)
-    candidate = (root / f"{training}.yaml") if not p.suffix and "/" not in training else p
-    if not candidate.is_absolute():
-        candidate = conf_dir(directory).parent / candidate
-    if root not in candidate.resolve().parents:
-        raise ConfigError(f"training {training!r}: only configs in {root} may be run (give its name, e.g. "
-                          "'fraud'); add yours there")
-    return str(candidate.resolve())
+    fix = f"give the name of a config there (e.g. 'fraud'), or add yours to {root}"
+    if not isinstance(training, str) or not re.fullmatch(CONF_NAME, training):
+        raise ConfigError(f"training {_short(training)}: only configs in {root} may be run, named without "
+                          f"path or suffix ({CONF_NAME}); {fix}")
+    path = (root / f"{training}.yaml").resolve()
+    if path.parent != root:  # a symlink whose target lies elsewhere
+        raise ConfigError(f"training {training!r}: only configs in {root} may be run, and "
+                          f"{training}.yaml links out of it; copy the config there instead")
+    if not path.is_file():
+        known = sorted(p.stem for p in root.glob("*.yaml") if re.fullmatch(CONF_NAME, p.stem))
+        raise ConfigError(f"training {training!r}: only configs in {root} may be run, and it holds no "
+                          f"{training}.yaml (it holds {known}); {fix}")
+    return str(path)
 
 
 def load_conf(
@@ -418,15 +688,19 @@ def load_conf(
 ) -> Conf:
     """Load and cross-check sites, datasets and one training config.
 
-    ``training`` is a path; a bare name (``fraud``) means ``<conf>/training/<name>.yaml``.
-    ``overrides`` are top-level training keys (e.g. ``{"rounds": 2}``) applied after loading.
+    ``training`` is a name (``fraud``: ``<conf>/training/fraud.yaml``, admitted as by :func:`trusted_training`)
+    or a path ending in ``.yaml``/``.yml``, read as given: a path is for the operator's own tools and tests,
+    and a run's parameter must go through :func:`trusted_training` first. ``dataset`` is a key of
+    ``datasets.yaml``. ``overrides`` are top-level training keys (e.g. ``{"rounds": 2}``) applied after loading.
     """
     d = conf_dir(directory)
-    tpath = Path(training)
-    if not tpath.suffix:
+    if isinstance(training, str) and not training.endswith((".yaml", ".yml")):
+        trusted_training(training, d)  # a name: refused unless it names a file of conf/training/
         tpath = d / "training" / f"{training}.yaml"
-    elif not tpath.is_absolute() and not tpath.exists() and (d.parent / tpath).exists():
-        tpath = d.parent / tpath
+    else:
+        tpath = Path(training)
+        if not tpath.is_absolute() and not tpath.exists() and (d.parent / tpath).exists():
+            tpath = d.parent / tpath
     sites = load_sites(d / "sites.yaml")
     datasets = load_datasets(d / "datasets.yaml")
     if overrides:
@@ -435,13 +709,17 @@ def load_conf(
         try:
             train = TrainingConfig.model_validate(raw)
         except ValidationError as e:
-            raise _explain(Path(f"{tpath} (with overrides {overrides})"), e) from None
+            raise _explain(Path(f"{tpath} (with overrides {overrides})"), e, TrainingConfig) from None
     else:
         train = load_training(tpath)
     dpath = d / "datasets.yaml"
+    if not isinstance(dataset, str) or not re.fullmatch(CONF_NAME, dataset):
+        raise ConfigError(f"{dpath}: dataset {_short(dataset)}: a run names a dataset by its key in datasets.yaml "
+                          f"({CONF_NAME}); defined: {sorted(datasets.datasets)}")
     if dataset not in datasets.datasets:
         raise ConfigError(
-            f"{dpath}: key 'datasets.{dataset}': dataset not defined; defined: {sorted(datasets.datasets)}"
+            f"{dpath}: key 'datasets.{dataset}': dataset not defined; defined: {sorted(datasets.datasets)} "
+            "(name one of them, or add yours to datasets.yaml)"
         )
     ds = datasets.datasets[dataset]
     for i, shard in enumerate(ds.shards):

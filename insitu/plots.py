@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 
 import matplotlib
@@ -10,6 +11,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+
+from insitu.federated.kinds import MIN_ROWS  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+
+def floored(pos: Sequence[float], neg: Sequence[float], floor: int = MIN_ROWS) -> bool:
+    """Whether every non-empty bin of both histograms holds at least ``floor`` rows (what sites publish)."""
+    return all(c == 0 or c >= floor for c in (*pos, *neg))
 
 
 def pr_curve_from_histograms(pos: Sequence[float], neg: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -21,9 +31,14 @@ def pr_curve_from_histograms(pos: Sequence[float], neg: Sequence[float]) -> tupl
     return precision, tp / total_pos
 
 
-def pr_curve_figure(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]]) -> Figure:
+def pr_curve_figure(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], floor: int = MIN_ROWS) -> Figure:
+    """PR curves from per-class score histograms. A curve whose histograms have a bin under ``floor`` rows is
+    not drawn: a published figure would place those few rows' scores."""
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for label, (pos, neg) in curves.items():
+        if not floored(pos, neg, floor):
+            log.warning("PR curve of %s not drawn: a histogram bin holds fewer than %d rows", label, floor)
+            continue
         p, r = pr_curve_from_histograms(pos, neg)
         ax.plot(r, p, label=label, linewidth=2.5 if label == "global" else 1.2)
     ax.set_xlabel("recall")
@@ -31,7 +46,8 @@ def pr_curve_figure(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1.02)
     ax.set_title("PR curve on each site's test split (from score histograms)")
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     fig.tight_layout()
     return fig
 

@@ -198,8 +198,53 @@ class Platform:
     def work_pool(self, actor: str) -> str:
         return self.sites.coordinator.work_pool if actor == COORDINATOR else self.sites.site(actor).work_pool
 
+    # ------------------------------------------------------------------ audit services
+    @property
+    def audit_dir(self) -> Path:
+        """The audit services' own directory: each actor's log and key, readable only by ``insitu-audit``."""
+        return self.dir / "audit"
+
+    def audit_account(self) -> Account:
+        """The OS user the audit services run as: no actor's processes can read the keys or touch the logs."""
+        return ensure_account("insitu-audit") if self.isolate else current_account()
+
     def audit_log(self, actor: str) -> Path:
-        return self.actor_home(actor) / "audit" / f"{actor}.jsonl"
+        return self.audit_dir / actor / f"{actor}.jsonl"
+
+    def audit_socket(self, actor: str) -> Path:
+        return self.audit_dir / f"{actor}.sock"
+
+    def _prepare_audit(self) -> None:
+        """Each actor's audit directory and service configuration (key, log, socket, the one uid it serves)."""
+        acct = self.audit_account()
+        make_private_dir(self.audit_dir, acct, 0o711)  # actors may reach their socket, not list or read
+        for actor in self.actors:
+            d = make_private_dir(self.audit_dir / actor, acct, 0o700)
+            spec = {"actor": actor, "log": str(self.audit_log(actor)), "key": self.audit_key(actor).hex(),
+                    "socket": str(self.audit_socket(actor)), "allowed_uids": [self.account(actor).uid]}
+            cfg = d / "service.json"
+            tmp = cfg.with_name("service.json.tmp")
+            tmp.unlink(missing_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                if os.geteuid() == 0:
+                    os.fchown(f.fileno(), acct.uid, acct.gid)
+                f.write(json.dumps(spec))
+            os.replace(tmp, cfg)
+
+    def _audit_components(self) -> list[Component]:
+        from insitu.governance.audit_service import AuditClient
+
+        def healthy(actor: str) -> bool:
+            try:
+                return AuditClient(self.audit_socket(actor), actor, self.audit_log(actor)).head() is not None
+            except Exception:
+                return False
+
+        return [Component(f"audit-{a}", [sys.executable, "-m", "insitu.governance.audit_service", "--config",
+                                         str(self.audit_dir / a / "service.json")],
+                          self._base_env(), lambda a=a: healthy(a), timeout=60, account=self.audit_account())
+                for a in self.actors]
 
     # ------------------------------------------------------------------ principals and policies
     @property
@@ -485,7 +530,7 @@ class Platform:
         return comps
 
     def _components(self) -> list[Component]:
-        return self._server_components() + self._dask_components()
+        return self._audit_components() + self._server_components() + self._dask_components()
 
     def _worker_components(self) -> list[Component]:
         comps = []
@@ -615,7 +660,7 @@ class Platform:
         site = actor != COORDINATOR
         return Identity(actor=actor, role="site" if site else "coordinator",
                         work_pool=self.work_pool(actor), audit_log=self.audit_log(actor),
-                        audit_key=self.audit_key(actor), path=self.identity_file(actor),
+                        audit_key=None, audit_socket=self.audit_socket(actor), path=self.identity_file(actor),
                         policy=self.policy_file(actor) if site else None,
                         admins=self.site_admins(actor) if site else {})
 
@@ -648,8 +693,10 @@ class Platform:
         self._prepare_dirs()
         self._write_mlflow_auth_config()
         self._save_state()
+        self._prepare_audit()
+        started = self._ensure(self._audit_components())
         servers = self._server_components()
-        started = self._ensure(servers)
+        started += self._ensure(servers)
         fresh = [c.extra["s3"] for c in servers if "s3" in c.extra and c.name in started]
         for server in fresh:
             self._provision_s3(server)

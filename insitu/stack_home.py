@@ -17,7 +17,7 @@ from typing import Any
 
 from insitu.governance.identity import Identity, write_identity
 
-SUBDIRS = ("audit", "tmp", "tmp/matplotlib", "prefect", "dask", "policy")
+SUBDIRS = ("tmp", "tmp/matplotlib", "prefect", "dask", "policy")
 
 
 def prepare_home(home: Path, identity: Identity, with_tls: bool) -> None:

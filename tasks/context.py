@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,15 +11,13 @@ from prefect import get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 
-from insitu.config import Conf, load_conf, load_training, trusted_training
+from insitu.config import Conf, check_job_id, load_conf, load_training, trusted_training
 from insitu.federated.exchange import Exchange
-from insitu.governance.audit import AuditLog
+from insitu.governance.audit_service import Auditor
 from insitu.governance.identity import Identity, IdentityError, check_pool, load_identity, refuse_runtime_overrides
 from insitu.governance.policy import Decision, PolicyError, PolicyRefused, SitePolicy, decide, load_policy
 from insitu.governance.request import Action, training_sha256
 from insitu.storage import Store, store_from_env
-
-JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
 @dataclass
@@ -29,7 +26,7 @@ class SiteContext:
     conf: Conf
     store: Store
     exchange: Exchange
-    audit: AuditLog
+    audit: Auditor
     flow_run_id: str | None
     ran_as: dict[str, str]
     decision: Decision
@@ -144,8 +141,3 @@ def site_context(job_id: str, training: str, dataset: str, overrides: dict[str, 
         policy=policy,
     )
 
-
-def check_job_id(job_id: str) -> str:
-    if not isinstance(job_id, str) or not JOB_ID.match(job_id):
-        raise ValueError(f"job_id {str(job_id)[:40]!r} must match {JOB_ID.pattern}")
-    return job_id

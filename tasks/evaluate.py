@@ -1,4 +1,7 @@
-"""Score a model from the exchange on the site's own test split; publish the metrics only."""
+"""Score a model from the exchange on the site's own test split; publish the metrics only.
+
+And, on the coordinator, read what the sites published, after checking they kept to the protocol.
+"""
 
 from __future__ import annotations
 
@@ -6,20 +9,28 @@ from typing import Any
 
 import numpy as np
 import torch
-from prefect import task
+from prefect import get_run_logger, task
 from torch import nn
 
-from insitu.metrics import binary_metrics
+from insitu.federated.exchange import Exchange, enforce_protocol
+from insitu.federated.kinds import COORDINATOR, MIN_ROWS, site_budgets
+from insitu.federated.rounds import round_name
+from insitu.metrics import binary_metrics, floor_histograms, withheld
 from insitu.models.fraud_mlp import build_model
 from tasks.context import SiteContext
 
 BINS = 100
-MIN_HISTOGRAM_ROWS = 10
 
 
-def score(model: nn.Module, x: np.ndarray, y: np.ndarray, pos_weight: float) -> dict[str, Any]:
+def score(model: nn.Module, x: np.ndarray, y: np.ndarray, pos_weight: float, floor: int = MIN_ROWS) -> dict[str, Any]:
     """Metrics, plus per-class histograms of the scores: aggregates from which the coordinator can draw
-    a global PR curve without ever seeing a row's score."""
+    a global PR curve without ever seeing a row's score.
+
+    Over fewer than ``floor`` rows nothing is published but the marker saying so: a loss or a positive rate
+    over a handful of rows describes those rows.
+    """
+    if len(y) < floor:
+        return withheld(floor)
     model.eval()
     with torch.no_grad():
         logits = model(torch.from_numpy(x))
@@ -29,10 +40,10 @@ def score(model: nn.Module, x: np.ndarray, y: np.ndarray, pos_weight: float) -> 
     p = torch.sigmoid(logits).numpy()
     edges = np.linspace(0.0, 1.0, BINS + 1)
     out: dict[str, Any] = binary_metrics(y, p, float(loss))
-    # A histogram of a handful of scores would place individual rows; only publish it over enough of each class.
-    if min(int((y == 1).sum()), int((y == 0).sum())) >= MIN_HISTOGRAM_ROWS:
-        out["hist_pos"] = np.histogram(p[y == 1], bins=edges)[0].tolist()
-        out["hist_neg"] = np.histogram(p[y == 0], bins=edges)[0].tolist()
+    # A bin holding a few scores would place individual rows: bins are merged until each holds enough.
+    hists = floor_histograms(np.histogram(p[y == 1], bins=edges)[0], np.histogram(p[y == 0], bins=edges)[0], floor)
+    if hists is not None:
+        out["hist_pos"], out["hist_neg"] = hists
     return out
 
 
@@ -40,7 +51,32 @@ def score(model: nn.Module, x: np.ndarray, y: np.ndarray, pos_weight: float) -> 
 def evaluate_weights(
     ctx: SiteContext, name: str, x: np.ndarray, y: np.ndarray, n_features: int, pos_weight: float
 ) -> dict[str, Any]:
-    state, _ = ctx.exchange.get_state("weights", name, writer="coordinator")
+    state, _ = ctx.exchange.get_state("weights", name, writer=COORDINATOR)
     model = build_model(ctx.conf.training.model, n_features)
     model.load_state_dict(state)
-    return score(model, x, y, pos_weight)
+    # The protocol's floor, or the site's own if its policy asks for more.
+    return score(model, x, y, pos_weight, max(MIN_ROWS, ctx.min_rows))
+
+
+def evaluations(ex: Exchange, sites: list[str], rounds: int) -> dict[str, dict[str, Any]]:
+    """Each site's ``metrics/evaluate.json`` (its ``models``), schema-checked, as the coordinator reads it.
+
+    First every site's bytes on the exchange are checked against its budgets for a job of ``rounds`` rounds: a
+    site over budget, or with objects outside the protocol, stops the job (ProtocolViolation) before anything
+    it wrote is read.
+    """
+    model_bytes = ex.get_json("weights", f"{round_name(0)}.manifest.json", writer=COORDINATOR)["bytes"]
+    enforce_protocol(ex, site_budgets(rounds, int(model_bytes)), "evaluate")
+    return {s: ex.get_json("metrics", "evaluate.json", writer=s)["models"] for s in sites}
+
+
+@task(task_run_name="read-evaluations")
+def read_evaluations(ex: Exchange, sites: list[str], rounds: int) -> dict[str, dict[str, Any]]:
+    """:func:`evaluations` on the coordinator, naming the sites that withheld metrics (too few test rows)."""
+    logger = get_run_logger()
+    out = evaluations(ex, sites, rounds)
+    for s, models in out.items():
+        held = sorted(n for n, m in models.items() if "withheld" in m)
+        if held:
+            logger.warning("site %s withheld its metrics of %s: %s", s, held, models[held[0]]["withheld"])
+    return out

@@ -11,6 +11,7 @@ from prefect import get_run_logger, task
 from insitu.config import Conf
 from insitu.data.features import feature_names
 from insitu.federated.exchange import Exchange
+from insitu.federated.kinds import COORDINATOR
 from insitu.federated.rounds import round_name, run_round
 from insitu.federated.stats import combine, mean_std
 from insitu.models.fraud_mlp import build_model
@@ -18,13 +19,22 @@ from insitu.models.fraud_mlp import build_model
 
 @task(task_run_name="global-statistics")
 def publish_global_stats(ex: Exchange, conf: Conf, sites: list[str]) -> dict[str, Any]:
-    """Combine the sites' aggregate statistics into global normalisation and class balance."""
+    """Combine the sites' aggregate statistics into global normalisation and class balance.
+
+    Each site's ``prepare.json`` is checked against the protocol's schema as it is read (row floor included);
+    its statistics must also have one value per feature of the dataset.
+    """
+    features = feature_names(conf.dataset.schema_)
     per_site = {s: ex.get_json("stats", "prepare.json", writer=s) for s in sites}
+    for s, p in per_site.items():
+        width = len(p["train_stats"]["sum"])
+        if p["train_stats"]["n"] and width != len(features):
+            raise ValueError(f"site {s} published statistics of {width} features; the dataset has {len(features)}")
     total = combine(p["train_stats"] for p in per_site.values())
     mean, std = mean_std(total)
     pos = total["positives"]
     norm = {
-        "features": feature_names(conf.dataset.schema_),
+        "features": features,
         "mean": mean,
         "std": std,
         "n": total["n"],
@@ -39,7 +49,7 @@ def publish_global_stats(ex: Exchange, conf: Conf, sites: list[str]) -> dict[str
 @task(task_run_name="initial-weights")
 def publish_initial_weights(ex: Exchange, conf: Conf, norm: dict[str, Any]) -> dict[str, Any]:
     if ex.exists("weights", f"{round_name(0)}.manifest.json"):  # a re-run of the same job keeps its start
-        return ex.get_json("weights", f"{round_name(0)}.manifest.json")
+        return ex.get_json("weights", f"{round_name(0)}.manifest.json", writer=COORDINATOR)
     torch.manual_seed(conf.training.seed)
     model = build_model(conf.training.model, len(norm["mean"]), norm["mean"], norm["std"])
     return ex.put_state("weights", round_name(0), model.state_dict(), round=0)
@@ -52,13 +62,17 @@ def aggregate_round(
 ) -> dict[str, Any]:
     """Wait for the sites' updates until the deadline, check the quorum, FedAvg, publish the next global.
 
-    A site that misses the deadline is logged and skipped for this round.
+    A site that misses the deadline is logged and skipped for this round; so is one whose update the
+    protocol refuses (with the reason, in the result's ``rejected``). A site over its byte budget on the
+    exchange stops the job (ProtocolViolation).
     """
     logger = get_run_logger()
     res = run_round(ex, rnd, sites, min_sites, deadline_s, is_alive)
-    if res.missing:
-        logger.warning("round %d: no update from %s within %.0fs; skipped for this round", rnd, res.missing,
-                       deadline_s)
+    late = [s for s in res.missing if s not in res.rejected]
+    if late:
+        logger.warning("round %d: no update from %s within %.0fs; skipped for this round", rnd, late, deadline_s)
+    for s, why in res.rejected.items():
+        logger.warning("round %d: the update of %s is rejected and skipped for this round: %s", rnd, s, why)
     logger.info("round %d %s from %s (%d samples)", rnd, "already aggregated (resumed job)" if res.resumed
                 else "aggregated", res.sites, res.n_samples)
     return res.as_dict()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
 from typing import Any
 
 from distributed import Client
@@ -11,10 +10,14 @@ from prefect import get_run_logger, task
 
 from insitu.config import ShardConfig
 from insitu.data.prepare import ShardReport, prepare_shard, summarize
+from insitu.federated.kinds import MIN_ROWS
 from tasks.context import SiteContext
 
-# Sums over fewer rows than this would let the exchange reconstruct individual rows.
-MIN_AGGREGATE_ROWS = 20
+# Sums over fewer rows than this would let the exchange reconstruct individual rows (the protocol's floor).
+MIN_AGGREGATE_ROWS = MIN_ROWS
+# What the protocol lets a shard's error message carry: the start of it says what went wrong, while a long
+# message (a parser quoting the file) could carry the shard's content.
+MAX_ERROR_CHARS = 300
 
 
 @task(retries=1, retry_delay_seconds=5, task_run_name="prepare-{ctx.site}")
@@ -48,12 +51,27 @@ def prepare_shards(ctx: SiteContext, shards: list[ShardConfig], job_id: str) -> 
             logger.warning("shard %s quarantined: %s", s.id, r.error)
         elif r.rows_quarantined:
             logger.info("shard %s: %d rows quarantined to %s", s.id, r.rows_quarantined, r.quarantine_path)
+    # The protocol's floor, or the site's own if its policy asks for more.
+    return publishable(reports, raw_bytes, ctx.site, max(MIN_AGGREGATE_ROWS, ctx.min_rows))
+
+
+def publishable(reports: list[ShardReport], raw_bytes: int, site: str, floor: int = MIN_AGGREGATE_ROWS
+                ) -> dict[str, Any]:
+    """The site's summary as the protocol's ``stats/prepare.json`` takes it (the flow adds site and identity).
+
+    Raises
+    ------
+    ValueError
+        When the train split has fewer than ``floor`` rows: its statistics would describe those rows.
+    """
     summary = summarize(reports)
+    for shard in summary["shards"].values():
+        if shard["error"] and len(shard["error"]) > MAX_ERROR_CHARS:
+            shard["error"] = shard["error"][: MAX_ERROR_CHARS - 1] + "…"
     n_train = summary["train_stats"]["n"]
-    if 0 < n_train < MIN_AGGREGATE_ROWS:
+    if 0 < n_train < floor:
         raise ValueError(
-            f"site {ctx.site}: only {n_train} training rows; statistics over fewer than {MIN_AGGREGATE_ROWS} rows "
+            f"site {site}: only {n_train} training rows; statistics over fewer than {floor} rows "
             "would describe individual rows, so they are not published (add data or leave this site out)")
     summary["raw_bytes"] = raw_bytes
-    summary["reports"] = [asdict(r) | {"train_stats": None} for r in reports]
     return summary

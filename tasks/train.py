@@ -7,6 +7,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
+from insitu.federated.kinds import COORDINATOR
 from insitu.federated.rounds import round_name
 from insitu.parallel import CheckpointRef, DataRef, TrainSpec, train_site
 from tasks.context import SiteContext
@@ -17,7 +18,7 @@ def train_round(ctx: SiteContext, rnd: int, n_features: int, pos_weight: float) 
     """Train from the global weights of round ``rnd`` with the configured strategy; publish the update."""
     logger = get_run_logger()
     t = ctx.conf.training
-    state, manifest = ctx.exchange.get_state("weights", round_name(rnd), writer="coordinator")
+    state, manifest = ctx.exchange.get_state("weights", round_name(rnd), writer=COORDINATOR)
     job_id = ctx.exchange.job_id
     # A retry of this task (or a re-run of the job) resumes from the round's newest checkpoint.
     ckpt = CheckpointRef(ctx.store, f"checkpoints/{job_id}/{round_name(rnd)}", t.checkpoint.every_steps) \
@@ -30,8 +31,11 @@ def train_round(ctx: SiteContext, rnd: int, n_features: int, pos_weight: float) 
     # The ranks read the site's prepared train split on the site's own Dask workers.
     ctx.audit.append("data.read", what="prepared/train", job_id=job_id, flow_run_id=ctx.flow_run_id, round=rnd,
                      rows=result.n_samples, strategy=t.strategy, ranks=t.ranks_per_site)
+    # Checked here against the global weights it was trained from (names, shapes, dtypes, finite, norm bound),
+    # so that a bad update fails on its own site with the reason, before anything crosses; the coordinator
+    # checks it again when it reads it.
     published = ctx.exchange.put_state(
-        "update", round_name(rnd), result.state, round=rnd, n_samples=result.n_samples,
+        "update", round_name(rnd), result.state, reference=state, round=rnd, n_samples=result.n_samples,
         base_sha256=manifest["sha256"], metrics=result.metrics, ran_as=ctx.ran_as,
     )
     logger.info("site=%s round=%d strategy=%s ranks=%d samples=%d train_loss=%.4f samples/s=%.0f comm=%.3fs "

@@ -1,14 +1,17 @@
 """The exchange: the one store both the coordinator and the sites may write.
 
-Everything written here crosses a border, so it is restricted to a few *kinds* of artefact (weights,
-updates, aggregate statistics, metrics, plans, summaries, control markers) and laid out so that every
-byte is attributable to its writer and kind::
+Everything written here crosses a border, so only what the protocol (:mod:`insitu.federated.schemas`)
+allows may be written: a few *kinds* of artefact (plans, aggregate statistics, weights, updates,
+metrics, summaries, control markers), each under fixed names, each JSON document against a strict schema,
+each state against the global model's layout (:mod:`insitu.federated.states`). There is no public way to
+write raw bytes. Readers check everything again: a site's writes may not have gone through this class.
+The layout makes every byte attributable to its writer and kind::
 
     jobs/<job_id>/<kind>/<writer>/<name>
 
-:meth:`Exchange.ledger` lists a job's prefix and sums the bytes per writer and kind, which is the
-byte accounting the job reports. Binary artefacts carry a manifest (``<name>.manifest.json``) with
-their SHA-256, size and sample count; readers verify the hash.
+:meth:`Exchange.ledger` lists a job's prefix and sums the bytes per writer and kind, which is the byte
+accounting the job reports and budgets (:func:`insitu.federated.kinds.check_budgets`). A state file
+carries a manifest (``<name>.manifest.json``) with its SHA-256, size and sample count; readers verify it.
 """
 
 from __future__ import annotations
@@ -19,9 +22,20 @@ import json
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from insitu.federated.kinds import (
+    KINDS,
+    MAX_UPDATE_NORM,
+    ExchangeError,
+    ProtocolViolation,
+    check_budgets,
+    shown,
+)
+from insitu.federated.schemas import ARTEFACTS, MAX_TEXT, Artefact, artefact, check_document, role
+from insitu.federated.states import check_state
 from insitu.storage import Store
 
 if TYPE_CHECKING:  # torch is imported where weights are (de)serialised: prepare never pays for it
@@ -29,25 +43,7 @@ if TYPE_CHECKING:  # torch is imported where weights are (de)serialised: prepare
 
 log = logging.getLogger(__name__)
 
-KINDS = ("plan", "stats", "weights", "update", "metrics", "summary", "control")
-
-
-class ExchangeError(RuntimeError):
-    """An artefact is missing, corrupt, or not allowed on the exchange."""
-
-
-def _check_aggregate(obj: Any, where: str = "$") -> None:
-    """Refuse payloads that look like rows: tables and long lists of records."""
-    if hasattr(obj, "to_dict") and hasattr(obj, "columns"):  # a DataFrame
-        raise ExchangeError(f"{where}: a table may not be written to the exchange (rows never cross a border)")
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            _check_aggregate(v, f"{where}.{k}")
-    elif isinstance(obj, list):
-        if obj and all(isinstance(x, dict) for x in obj) and len(obj) > 1000:
-            raise ExchangeError(f"{where}: {len(obj)} records look like rows; only aggregates may cross")
-        for i, v in enumerate(obj[:1000]):
-            _check_aggregate(v, f"{where}[{i}]")
+__all__ = ["KINDS", "Exchange", "ExchangeError", "enforce_protocol", "state_from_bytes", "state_to_bytes"]
 
 
 def state_to_bytes(state: dict[str, torch.Tensor]) -> bytes:
@@ -76,14 +72,22 @@ class Exchange:
     # ------------------------------------------------------------------ paths
     def key(self, kind: str, name: str, writer: str | None = None) -> str:
         if kind not in KINDS:
-            raise ExchangeError(f"kind {kind!r} may not be written to the exchange; allowed: {KINDS}")
+            raise ExchangeError(f"kind {shown(kind)} may not be written to the exchange; allowed: {KINDS}")
         return f"jobs/{self.job_id}/{kind}/{writer or self.writer}/{name}"
 
     def _path(self, key: str) -> str:
         return self.store.path(key)
 
+    def _where(self, kind: str, name: str, writer: str | None = None) -> str:
+        return f"{shown(kind, False)}/{shown(name, False)} of {shown(writer or self.writer, False)} (job {self.job_id})"
+
+    def _protocol(self, kind: str, name: str, writer: str | None = None) -> Artefact:
+        self.key(kind, name, writer)  # an unknown kind is refused first, with the list of kinds
+        return artefact(kind, name, writer or self.writer)
+
     # ------------------------------------------------------------------ writes
-    def put_bytes(self, kind: str, name: str, data: bytes) -> str:
+    def _put_bytes(self, kind: str, name: str, data: bytes) -> str:
+        """Write bytes that were already checked against the protocol (private: callers use the typed writers)."""
         key = self.key(kind, name)
         if self.store.url.startswith("file://"):  # object stores have no directories to create
             self.fs.makedirs(self._path(key).rsplit("/", 1)[0], exist_ok=True)
@@ -91,15 +95,53 @@ class Exchange:
             f.write(data)
         return key
 
-    def put_json(self, kind: str, name: str, obj: Any) -> str:
-        _check_aggregate(obj)
-        return self.put_bytes(kind, name, json.dumps(obj, sort_keys=True, default=str).encode())
+    def _encode(self, kind: str, name: str, obj: Any) -> bytes:
+        """The JSON of ``obj`` as it will be stored, checked against its schema (ExchangeError if refused)."""
+        art = self._protocol(kind, name)
+        where = self._where(kind, name)
+        try:
+            data = json.dumps(obj, sort_keys=True, allow_nan=True).encode()
+        except (TypeError, ValueError) as e:  # a table, bytes, an object: only plain JSON documents cross
+            raise ExchangeError(f"{where}: refused: not a JSON document ({e})") from None
+        check_document(art, data, where, job_id=self.job_id, writer=self.writer, name=name)
+        return data
 
-    def put_state(self, kind: str, name: str, state: dict[str, torch.Tensor], **meta: Any) -> dict[str, Any]:
-        """Write a state dict and its manifest (hash, size, metadata); returns the manifest."""
+    def put_json(self, kind: str, name: str, obj: Any) -> str:
+        """Write one of the protocol's JSON documents; ExchangeError naming the offending keys otherwise."""
+        return self._put_bytes(kind, name, self._encode(kind, name, obj))
+
+    def put_abort(self, reason: str) -> str:
+        """Tell the sites to stop (``control/abort.json``); the reason is cut to what the protocol allows."""
+        text = reason if len(reason) <= MAX_TEXT else reason[: MAX_TEXT - 1] + "…"
+        return self.put_json("control", "abort.json", {"reason": text})
+
+    def put_state(
+        self,
+        kind: str,
+        name: str,
+        state: dict[str, torch.Tensor],
+        *,
+        reference: Mapping[str, torch.Tensor] | None = None,
+        max_norm: float = MAX_UPDATE_NORM,
+        **meta: Any,
+    ) -> dict[str, Any]:
+        """Write a state dict and its manifest (hash, size, metadata); returns the manifest.
+
+        An update must name the global state it was trained from (``reference``): it is refused unless it has
+        exactly that state's names, shapes and dtypes, is finite, and ``||state - reference||_2 <= max_norm``.
+        Nothing is written unless both the state and its manifest pass.
+        """
         if kind not in ("weights", "update"):
-            raise ExchangeError(f"model state goes under 'weights' or 'update', not {kind!r}")
+            raise ExchangeError(f"model state goes under 'weights' or 'update', not {shown(kind)}")
+        art = self._protocol(kind, f"{name}.pt")
+        where = self._where(kind, f"{name}.pt")
+        if kind == "update" and reference is None:
+            raise ExchangeError(f"{where}: an update is checked against the global weights it was trained from; "
+                                "pass them as reference=")
+        check_state(state, where, reference, max_norm if reference is not None else None)
         data = state_to_bytes(state)
+        if len(data) > art.max_bytes:
+            raise ExchangeError(f"{where}: {len(data):,} bytes; at most {art.max_bytes:,} are allowed")
         manifest = {
             "job_id": self.job_id,
             "writer": self.writer,
@@ -109,39 +151,64 @@ class Exchange:
             "created": datetime.now(UTC).isoformat(),
             **meta,
         }
-        self.put_bytes(kind, f"{name}.pt", data)
+        encoded = self._encode(kind, f"{name}.manifest.json", manifest)  # refused before anything is written
+        self._put_bytes(kind, f"{name}.pt", data)
         # The manifest goes last: its presence means the payload is complete.
-        self.put_json(kind, f"{name}.manifest.json", manifest)
+        self._put_bytes(kind, f"{name}.manifest.json", encoded)
         return manifest
 
     # ------------------------------------------------------------------ reads
     def exists(self, kind: str, name: str, writer: str | None = None) -> bool:
         return bool(self.fs.exists(self._path(self.key(kind, name, writer))))
 
-    def get_bytes(self, kind: str, name: str, writer: str | None = None) -> bytes:
+    def _get_bytes(self, kind: str, name: str, writer: str | None, limit: int) -> bytes:
+        """At most ``limit`` bytes of an artefact: a larger one is refused without being read whole."""
         path = self._path(self.key(kind, name, writer))
         try:
             with self.fs.open(path, "rb") as f:
-                return f.read()
+                data = f.read(limit + 1)
         except FileNotFoundError:
             raise ExchangeError(f"missing on the exchange: {path}") from None
+        if len(data) > limit:
+            raise ExchangeError(f"{self._where(kind, name, writer)}: more than {limit:,} bytes; refused")
+        return data
 
     def get_json(self, kind: str, name: str, writer: str | None = None) -> Any:
-        return json.loads(self.get_bytes(kind, name, writer))
+        """Read one of the protocol's JSON documents, checked against its schema as if we had written it."""
+        art = self._protocol(kind, name, writer)
+        data = self._get_bytes(kind, name, writer, art.max_bytes)
+        check_document(art, data, self._where(kind, name, writer), job_id=self.job_id, writer=writer or self.writer,
+                       name=name)
+        return json.loads(data)
 
     def get_state(
-        self, kind: str, name: str, writer: str | None = None
+        self,
+        kind: str,
+        name: str,
+        writer: str | None = None,
+        *,
+        reference: Mapping[str, torch.Tensor] | None = None,
+        max_norm: float = MAX_UPDATE_NORM,
     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """Read a state dict, verifying it against its manifest's SHA-256."""
+        """Read a state dict, verified against its manifest's SHA-256 and checked like :meth:`put_state`.
+
+        With ``reference`` (how the coordinator reads an update) the state must match the global model's
+        layout and lie within ``max_norm`` of it.
+        """
         manifest = self.get_json(kind, f"{name}.manifest.json", writer)
-        data = self.get_bytes(kind, f"{name}.pt", writer)
+        self._protocol(kind, f"{name}.pt", writer)
+        where = self._where(kind, f"{name}.pt", writer)
+        data = self._get_bytes(kind, f"{name}.pt", writer, int(manifest["bytes"]))
         digest = hashlib.sha256(data).hexdigest()
         if digest != manifest["sha256"]:
-            raise ExchangeError(
-                f"{self.key(kind, name + '.pt', writer)}: SHA-256 {digest[:12]}… does not match its "
-                f"manifest {manifest['sha256'][:12]}… (corrupt or tampered)"
-            )
-        return state_from_bytes(data), manifest
+            raise ExchangeError(f"{where}: SHA-256 {digest[:12]}… does not match its manifest "
+                                f"{manifest['sha256'][:12]}… (corrupt or tampered)")
+        try:
+            state = state_from_bytes(data)
+        except Exception as e:  # weights_only refuses anything but tensors and plain containers
+            raise ExchangeError(f"{where}: not a state file ({type(e).__name__})") from None
+        check_state(state, where, reference, max_norm if reference is not None else None)
+        return state, manifest
 
     def wait_for(
         self, kind: str, name: str, writer: str | None = None, timeout: float = 600.0, poll: float = 0.5
@@ -182,20 +249,54 @@ class Exchange:
             return []
 
     # ------------------------------------------------------------------ accounting
-    def ledger(self) -> dict[str, dict[str, int]]:
-        """Bytes on the exchange for this job, per writer and kind."""
+    def _objects(self) -> dict[str, int]:
+        """Every object of this job, as its path below ``jobs/<job_id>/`` and its size."""
         prefix = self._path(f"jobs/{self.job_id}/")
         self.fs.invalidate_cache()
-        out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         try:
             found = self.fs.find(prefix, detail=True)
         except FileNotFoundError:
             return {}
-        for path, info in found.items():
-            rel = path[len(prefix.rstrip("/")) + 1 :]
+        return {path[len(prefix.rstrip("/")) + 1 :]: int(info.get("size") or 0) for path, info in found.items()}
+
+    def ledger(self) -> dict[str, dict[str, int]]:
+        """Bytes on the exchange for this job, per writer and kind."""
+        out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        for rel, size in self._objects().items():
             parts = rel.split("/")
             if len(parts) < 3:
                 continue
             kind, writer = parts[0], parts[1]
-            out[writer][kind] += int(info.get("size") or 0)
+            out[writer][kind] += size
         return {w: dict(k) for w, k in out.items()}
+
+    def strays(self) -> list[str]:
+        """Objects of this job that are no artefact of the protocol (a name, kind or writer it does not know).
+
+        Nothing reads them, but their presence means a writer went around :class:`Exchange`.
+        """
+        out = []
+        for rel in sorted(self._objects()):
+            parts = rel.split("/")
+            known = len(parts) == 3 and any(a.kind == parts[0] and a.writer == role(parts[1])
+                                            and a.pattern.fullmatch(parts[2]) for a in ARTEFACTS)
+            if not known:
+                out.append(f"{'/'.join(shown(p, False) for p in parts)} is not an artefact of the protocol")
+        return out
+
+
+def enforce_protocol(ex: Exchange, budgets: Mapping[str, int], when: str) -> None:
+    """Fail the job when a site exceeded its per-kind byte budget or left objects outside the protocol.
+
+    The coordinator calls this before it reads what the sites published (each round's updates, the
+    evaluation results), so that an oversized or foreign payload is never read at all.
+
+    Raises
+    ------
+    ProtocolViolation
+        Naming every writer, kind and object at fault.
+    """
+    problems = check_budgets(ex.ledger(), budgets) + ex.strays()
+    if problems:
+        raise ProtocolViolation(f"{when}: the exchange holds what the protocol does not allow; the job stops: "
+                                + "; ".join(problems))

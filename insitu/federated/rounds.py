@@ -1,4 +1,10 @@
-"""One round on the coordinator's side: collect updates until the deadline, check quorum, aggregate."""
+"""One round on the coordinator's side: collect updates until the deadline, check quorum, aggregate.
+
+Every update is checked again on read, whatever the site claims to have checked: its manifest against the
+protocol's schema, its state against this round's global model (names, shapes, dtypes, finite values,
+norm bound). An update that fails is rejected for the round with its reason, like a late one is skipped;
+the round goes on while the quorum holds.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from insitu.federated.exchange import Exchange
+from insitu.federated.exchange import Exchange, enforce_protocol
 from insitu.federated.fedavg import fedavg
+from insitu.federated.kinds import COORDINATOR, MAX_UPDATE_NORM, ExchangeError, site_budgets
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +38,12 @@ class RoundResult:
     site_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     resumed: bool = False
     sha256: str = ""
+    rejected: dict[str, str] = field(default_factory=dict)  # site -> why its update was not used (also in missing)
 
     def as_dict(self) -> dict[str, Any]:
         return {"round": self.round, "sites": self.sites, "missing": self.missing, "n_samples": self.n_samples,
-                "site_metrics": self.site_metrics, "resumed": self.resumed, "sha256": self.sha256}
+                "site_metrics": self.site_metrics, "resumed": self.resumed, "sha256": self.sha256,
+                "rejected": self.rejected}
 
 
 def _alive(is_alive: Callable[[str], bool], site: str) -> bool:
@@ -87,22 +96,25 @@ def run_round(
     min_sites: int,
     deadline_s: float,
     is_alive: Callable[[str], bool] | None = None,
+    max_update_norm: float = MAX_UPDATE_NORM,
 ) -> RoundResult:
     """Collect, check the quorum, FedAvg by samples, publish global weights for round ``rnd + 1``.
 
     Raises
     ------
     QuorumError
-        When fewer than ``min_sites`` updates arrived; the message names the missing sites.
+        When fewer than ``min_sites`` valid updates arrived; the message names the missing and rejected sites.
+    ProtocolViolation
+        When a site exceeded its byte budget or wrote outside the protocol: the job stops.
     """
     done = f"{round_name(rnd + 1)}.manifest.json"
-    if ex.exists("weights", done, writer="coordinator"):
+    if ex.exists("weights", done, writer=COORDINATOR):
         # A re-run of the same job: this round was aggregated before; artefacts are idempotent.
-        man = ex.get_json("weights", done, writer="coordinator")
+        man = ex.get_json("weights", done, writer=COORDINATOR)
         metrics = {}
         for s in man["sites"]:  # the sites' own round metrics, from their update manifests (no weights read)
             up = ex.get_json("update", f"{round_name(rnd)}.manifest.json", writer=s)
-            metrics[s] = {**up.get("metrics", {}), "n_samples": up["n_samples"], "bytes": up["bytes"]}
+            metrics[s] = _round_metrics(up)
         return RoundResult(rnd, list(man["sites"]), [s for s in sites if s not in man["sites"]],
                            int(man["n_samples"]), metrics, resumed=True, sha256=man["sha256"])
     arrived, missing = collect_updates(ex, rnd, sites, deadline_s, is_alive)
@@ -113,22 +125,33 @@ def run_round(
             f"round {rnd}: quorum not met: {len(arrived)} update(s) from {arrived} < min_sites={min_sites}; "
             f"missing: {missing}"
         )
-    base_key = f"{round_name(rnd)}.manifest.json"
-    base = ex.get_json("weights", base_key, writer="coordinator")["sha256"] if ex.exists("weights", base_key) else None
-    updates, metrics = [], {}
-    for s in list(arrived):
-        state, man = ex.get_state("update", round_name(rnd), writer=s)
-        if man.get("round") != rnd or (base is not None and man.get("base_sha256") != base):
-            log.warning("round %d: %s's update was not trained from this round's global weights; ignored", rnd, s)
-            arrived.remove(s)
-            missing.append(s)
+    global_state, base = ex.get_state("weights", round_name(rnd), writer=COORDINATOR)
+    # Before any update is read: a site over its budget (or writing outside the protocol) stops the job.
+    enforce_protocol(ex, site_budgets(rnd + 1, int(base["bytes"])), f"round {rnd}")
+    updates, metrics, rejected = [], {}, {}
+    for s in arrived:
+        try:
+            state, man = ex.get_state("update", round_name(rnd), writer=s, reference=global_state,
+                                      max_norm=max_update_norm)
+            if man["round"] != rnd or man["base_sha256"] != base["sha256"]:
+                raise ExchangeError(f"{s}'s update was not trained from round {rnd}'s global weights")
+        except ExchangeError as e:
+            log.warning("round %d: %s's update is rejected: %s", rnd, s, e)
+            rejected[s] = str(e)
             continue
         updates.append((state, int(man["n_samples"])))
-        metrics[s] = {**man.get("metrics", {}), "n_samples": man["n_samples"], "bytes": man["bytes"]}
-    if len(arrived) < min_sites:  # … and after dropping updates that did not match this round
+        metrics[s] = _round_metrics(man)
+    arrived = [s for s in arrived if s not in rejected]
+    missing = missing + list(rejected)
+    if len(arrived) < min_sites:  # … and after dropping updates that were not valid for this round
         raise QuorumError(f"round {rnd}: quorum not met: {len(arrived)} valid update(s) from {arrived} < "
-                          f"min_sites={min_sites}; missing or invalid: {missing}")
+                          f"min_sites={min_sites}; missing or invalid: {missing}; rejected: {rejected}")
     total = sum(n for _, n in updates)
-    man = ex.put_state("weights", round_name(rnd + 1), fedavg(updates), round=rnd + 1, sites=arrived,
-                       n_samples=total)
-    return RoundResult(rnd, arrived, missing, total, metrics, sha256=man["sha256"])
+    man = ex.put_state("weights", round_name(rnd + 1), fedavg(updates), reference=global_state,
+                       max_norm=max_update_norm, round=rnd + 1, sites=arrived, n_samples=total)
+    return RoundResult(rnd, arrived, missing, total, metrics, sha256=man["sha256"], rejected=rejected)
+
+
+def _round_metrics(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A site's round metrics as logged: its training numbers, samples and update bytes."""
+    return {**manifest.get("metrics", {}), "n_samples": manifest["n_samples"], "bytes": manifest["bytes"]}

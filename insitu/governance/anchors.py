@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from insitu.governance.audit import log_head
 from insitu.storage import Store
 
 PREFIX = "anchors"
@@ -40,16 +41,8 @@ class Anchor:
     where: str = ""
 
 
-def head(path: str | Path) -> tuple[int, str] | None:
-    """``(seq, sha256)`` of a log's last line, read from the log itself (None for an empty or missing log)."""
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        return None
-    lines = data.rstrip(b"\n").split(b"\n")
-    if not lines or not lines[-1]:
-        return None
-    return json.loads(lines[-1])["seq"], hashlib.sha256(lines[-1]).hexdigest()
+head = log_head
+"""``(seq, sha256)`` of a log's last line (None for an empty or missing log)."""
 
 
 def anchor_key(actor: str, seq: int, sha256: str) -> str:
@@ -67,9 +60,8 @@ def publish(store: Store, actor: str, seq: int, sha256: str, **details: Any) -> 
     return key
 
 
-def publish_head(store: Store, actor: str, log_path: str | Path, **details: Any) -> Anchor | None:
-    """Anchor the current head of ``actor``'s log (nothing when the log is empty)."""
-    h = head(log_path)
+def publish_head(store: Store, actor: str, h: tuple[int, str] | None, **details: Any) -> Anchor | None:
+    """Anchor a head of ``actor``'s log, as its writer reports it (nothing when the log is empty)."""
     if h is None:
         return None
     publish(store, actor, h[0], h[1], **details)

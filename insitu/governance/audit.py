@@ -132,6 +132,14 @@ def _read_head(path: Path, key: bytes) -> tuple[dict[str, Any] | None, str]:
     return head, ""
 
 
+def log_head(path: str | Path) -> tuple[int, str] | None:
+    """``(seq, sha256)`` of a log's last line, read from the log itself (None for an empty or missing log)."""
+    lines, _ = _tail_lines(Path(path), 1)
+    if not lines or not lines[-1]:
+        return None
+    return int(json.loads(lines[-1])["seq"]), _sha256(lines[-1])
+
+
 # --------------------------------------------------------------------------- writer
 class AuditLog:
     """An append-only, hash-chained, HMAC-signed JSON-lines audit log.
@@ -168,6 +176,10 @@ class AuditLog:
         bound = AuditLog(self.path, self.key, self.actor)
         bound.defaults = {**self.defaults, **defaults}
         return bound
+
+    def head(self) -> tuple[int, str] | None:
+        """``(seq, sha256)`` of the last line (what an anchor records)."""
+        return log_head(self.path)
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one signed record and update the head file, under an exclusive lock.

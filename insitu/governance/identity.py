@@ -7,7 +7,9 @@ decides any of these: the site worker refuses runs that carry job variables or e
 can read, and a process whose environment carries Prefect runtime overrides (``PREFECT__RUNTIME__*``,
 which would let a caller forge what ``prefect.runtime`` reports).
 
-The file is JSON, owner-only (mode 0600), owned by the user the actor's processes run as::
+The file is JSON, owner-only (mode 0600), owned by the user the actor's processes run as. On the local
+platform an actor has no ``audit_key`` but an ``audit_socket``: its audit service holds the key
+(``insitu.governance.audit_service``)::
 
     {"actor": "eu", "role": "site", "work_pool": "insitu-eu",
      "audit_log": "/…/actors/eu/audit/eu.jsonl", "audit_key": "<hex>",
@@ -25,9 +27,10 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from insitu.governance.audit import AuditLog
+from insitu.governance.audit_service import AuditClient
 
 ENV_IDENTITY = "INSITU_IDENTITY"
 RUNTIME_OVERRIDE_PREFIX = "PREFECT__RUNTIME__"
@@ -49,13 +52,19 @@ class Identity:
     role: Role
     work_pool: str
     audit_log: Path
-    audit_key: bytes
+    audit_key: bytes | None
     path: Path
     policy: Path | None = None
     admins: dict[str, str] = field(default_factory=dict)
+    audit_socket: Path | None = None
 
-    def audit(self) -> AuditLog:
-        """The actor's own audit log (path and key from this identity, never from a request)."""
+    def audit(self) -> AuditLog | AuditClient:
+        """The actor's own audit log (where and how from this identity, never from a request): through its
+        audit service when it has one (the actor then never holds the key), else written directly."""
+        if self.audit_socket is not None:
+            return AuditClient(self.audit_socket, self.actor, self.audit_log)
+        if not self.audit_key:
+            raise IdentityError(f"identity file {self.path} names neither an audit service nor an audit key")
         return AuditLog(self.audit_log, self.audit_key, self.actor)
 
     @classmethod
@@ -72,8 +81,9 @@ class Identity:
             role = raw["role"]
             if role not in ("site", "coordinator"):
                 raise ValueError(f"role {role!r} is neither 'site' nor 'coordinator'")
-            key = bytes.fromhex(raw["audit_key"])
-            if not key:
+            sock = raw.get("audit_socket")
+            key = bytes.fromhex(raw["audit_key"]) if "audit_key" in raw or not sock else None
+            if key is not None and not key:
                 raise ValueError("audit_key is empty")
             admins = raw.get("admins") or {}
             if not isinstance(admins, dict) or not all(isinstance(v, str) for v in admins.values()):
@@ -81,14 +91,19 @@ class Identity:
             policy = raw.get("policy")
             return cls(actor=str(raw["actor"]), role=role, work_pool=str(raw["work_pool"]),
                        audit_log=Path(raw["audit_log"]), audit_key=key, path=path,
-                       policy=Path(policy) if policy else None, admins=dict(admins))
+                       policy=Path(policy) if policy else None, admins=dict(admins),
+                       audit_socket=Path(sock) if sock else None)
         except (ValueError, KeyError, TypeError) as e:
             raise IdentityError(f"identity file {path} is malformed: {e!r}; expected keys actor, role, work_pool, "
                                 "audit_log, audit_key (hex)") from None
 
     def to_json(self) -> str:
-        out = {"actor": self.actor, "role": self.role, "work_pool": self.work_pool,
-               "audit_log": str(self.audit_log), "audit_key": self.audit_key.hex()}
+        out: dict[str, Any] = {"actor": self.actor, "role": self.role, "work_pool": self.work_pool,
+                               "audit_log": str(self.audit_log)}
+        if self.audit_socket is not None:
+            out["audit_socket"] = str(self.audit_socket)
+        if self.audit_key:
+            out["audit_key"] = self.audit_key.hex()
         if self.policy is not None:
             out.update(policy=str(self.policy), admins=self.admins)
         return json.dumps(out, indent=2)

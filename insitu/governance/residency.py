@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from insitu.config import DatasetConfig, ShardConfig
-from insitu.governance.audit import AuditLog
+from insitu.governance.audit_service import Auditor
 
 RULE_PINNED = "residency.shard-pinned-to-site"
 RULE_UNKNOWN = "residency.shard-declared"
@@ -26,7 +26,7 @@ def admit_shards(
     requested: Sequence[str] | None,
     dataset_name: str,
     dataset: DatasetConfig,
-    audit: AuditLog,
+    audit: Auditor,
     principal: str,
     job_id: str,
     flow_run_id: str | None,

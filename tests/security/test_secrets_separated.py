@@ -57,6 +57,8 @@ def test_a_site_reads_its_own_secrets_and_no_one_elses(platform: Platform) -> No
         platform.state_file,  # every credential: the operator's copy
         platform.identity_file("us"), platform.tls_dir("us") / LEAF_KEY, platform.identity_file(COORDINATOR),
         platform.audit_log("us"),
+        # its own audit log and key too: only its audit service (another OS user) writes and signs them
+        platform.audit_log("eu"), platform.audit_dir / "eu" / "service.json",
         f"/proc/{platform.state['pids']['worker-insitu-us']}/environ",  # us's keys, in its worker's environment
         f"/proc/{platform.state['pids']['worker-insitu-coordinator']}/environ",
     ]
@@ -79,3 +81,35 @@ def test_no_site_process_is_told_where_the_state_is(platform: Platform) -> None:
             assert all(v.startswith(str(platform.actor_home(site))) for v in under), under
         worker = psutil.Process(platform.state["pids"][f"worker-insitu-{site}"])
         assert "INSITU_HOME" not in worker.environ()
+
+
+PROBE_AUDIT = r"""
+import json, sys
+from insitu.governance.audit_service import AuditClient, AuditServiceError
+out = {}
+for actor, sock in json.loads(sys.argv[1]).items():
+    try:
+        out[actor] = AuditClient(sock, actor, "-").append("probe.connect", note="from eu's user")["actor"]
+    except AuditServiceError as e:
+        out[actor] = "refused: " + str(e)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="separate OS users per site need root (CI runs as root)")
+def test_a_site_can_append_to_its_own_audit_log_only_through_its_service(platform: Platform) -> None:
+    from insitu.governance.audit import read_events, verify
+
+    acct = platform.account("eu")
+    socks = {a: str(platform.audit_socket(a)) for a in ("eu", "us", COORDINATOR)}
+    r = subprocess.run([sys.executable, "-c", PROBE_AUDIT, json.dumps(socks)], env=platform.site_env("eu"),
+                       capture_output=True, text=True, timeout=60, user=acct.uid, group=acct.gid, extra_groups=[],
+                       cwd="/")
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout)
+    assert seen["eu"] == "eu"  # recorded, as eu: the service, not the caller, decides whose log it is
+    assert seen["us"].startswith("refused") and f"uid {acct.uid} may not write" in seen["us"]
+    assert seen[COORDINATOR].startswith("refused")
+    assert read_events(platform.audit_log("eu"))[-1]["event"] == "probe.connect"
+    assert not [e for e in read_events(platform.audit_log("us")) if e["event"] == "probe.connect"]
+    assert verify(platform.audit_log("eu"), platform.audit_key("eu"), required=True).ok

@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 import yaml
 
-from insitu.config import ConfigError, load_conf, load_training
+from insitu.config import (
+    JOB_ID_PATTERN,
+    ConfigError,
+    ConfLoader,
+    check_job_id,
+    load_conf,
+    load_training,
+    trusted_training,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -188,7 +196,7 @@ BAD_CONFIGS = [
         TRAINING,
         _set(TRAINING, ("optimizer", "lrr"), 0.01),
         "optimizer.lrr",
-        "check its spelling",
+        "remove it or check the spelling; known keys: name, lr, weight_decay, momentum",
         id="unknown-key-typo",
     ),
     pytest.param(
@@ -243,9 +251,16 @@ BAD_CONFIGS = [
     pytest.param(
         DATASETS,
         _set(DATASETS, (*SHARDS, 1, "id"), "eu-000"),
-        "datasets.fraud",
-        "shard ids must be unique; rename the repeated ones: ['eu-000']",
+        "datasets.fraud.shards[1].id",
+        "shard ids must be unique, ignoring case: 'eu-000' repeats shards[0].id 'eu-000'; rename one of them",
         id="duplicate-shard-id",
+    ),
+    pytest.param(
+        DATASETS,
+        _set(DATASETS, (*SHARDS, 3, "id"), "EU-001"),
+        "datasets.fraud.shards[3].id",
+        "'EU-001' repeats shards[1].id 'eu-001'",
+        id="duplicate-shard-id-ignoring-case",
     ),
     pytest.param(
         DATASETS,
@@ -326,35 +341,34 @@ def test_bad_config_names_file_key_and_fix(
     assert hint in msg
 
 
-# Cases caught by a model-level validator whose error pydantic reports at the model's own location.
-# For the top-level models (SitesConfig, TrainingConfig) that is the root, so today the message says
-# "key '<top level>'" instead of the offending key. ``key`` below is the key the message should name.
+# Cases caught by a validator that compares several keys (pydantic reports them at the model's own
+# location); the message still names the offending key itself. ``key`` is that key.
 TOP_LEVEL_CHECKS = [
     pytest.param(
         SITES,
         _set(SITES, ("sites", 1, "name"), "eu"),
-        "sites",
+        "sites[1].name'",
         "two sites share name 'eu'",
         id="duplicate-site-name",
     ),
     pytest.param(
         SITES,
         _set(SITES, ("sites", 1, "work_pool"), "insitu-eu"),
-        "sites",
+        "sites[1].work_pool'",
         "two sites share work_pool 'insitu-eu'",
         id="duplicate-site-work-pool",
     ),
     pytest.param(
         SITES,
         _set(SITES, ("exchange", "storage"), "s3://insitu-us"),
-        "sites",
+        "sites[1].storage'",
         "the exchange needs a store of its own",
         id="exchange-shares-site-store",
     ),
     pytest.param(
         TRAINING,
         _edit(TRAINING, lambda d: d.update(strategy="single", ranks_per_site=2)),
-        "ranks_per_site",
+        "ranks_per_site'",
         "set ranks_per_site: 1",
         id="single-strategy-with-two-ranks",
     ),
@@ -386,16 +400,27 @@ def test_exchange_inside_a_site_store_is_rejected(conf_copy: Path) -> None:
 
 
 def test_a_run_may_name_only_configs_of_its_own_conf_training(tmp_path: Path) -> None:
-    from insitu.config import trusted_training
-
     conf = Path(__file__).resolve().parents[2] / "conf"
     assert trusted_training("fraud", conf) == str((conf / "training" / "fraud.yaml").resolve())
-    assert trusted_training(str(conf / "training" / "fraud_single.yaml"), conf).endswith("fraud_single.yaml")
+    assert trusted_training("fraud_single", conf).endswith("fraud_single.yaml")
     secret = tmp_path / "identity.json"
     secret.write_text('{"audit_key": "00ff"}')
-    for bad in (str(secret), str(conf / "training" / ".." / "sites.yaml"), "../sites", "/etc/passwd"):
-        with pytest.raises(ConfigError, match="only configs in"):
-            trusted_training(bad, conf)
+    bad = (
+        str(secret),
+        str(conf / "training" / ".." / "sites.yaml"),
+        str(conf / "training" / "fraud.yaml"),  # a path, even one inside conf/training: names only
+        "../sites",
+        "training/fraud",
+        "fraud.yaml",
+        "/etc/passwd",
+        "",
+        ".hidden",
+        "fraud\n",
+        "a" * 65,
+    )
+    for b in bad:
+        with pytest.raises(ConfigError, match="only configs in .* may be run, named without path or suffix"):
+            trusted_training(b, conf)
 
 
 def test_an_unknown_keys_value_is_not_echoed(tmp_path: Path) -> None:
@@ -404,3 +429,232 @@ def test_an_unknown_keys_value_is_not_echoed(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         load_training(p)
     assert "audit_key" in str(e.value) and "00ff-secret" not in str(e.value)
+
+
+# --------------------------------------------------------------------------- configuration hardening
+def test_site_stores_are_read_normalised(conf_copy: Path) -> None:
+    _set(SITES, ("sites", 0, "storage"), "S3://Insitu-EU//raw/./x/../")(conf_copy)
+    _set(SITES, ("exchange", "storage"), "s3://insitu-exchange")(conf_copy)
+    conf = load_conf("fraud", directory=conf_copy)
+
+    assert conf.sites.site("eu").storage == "s3://insitu-eu/raw/"
+    assert conf.sites.exchange.storage == "s3://insitu-exchange/"
+
+
+def test_sibling_prefixes_of_one_bucket_do_not_overlap(conf_copy: Path) -> None:
+    _set(SITES, ("sites", 0, "storage"), "s3://insitu-shared/eu/")(conf_copy)
+    _set(SITES, ("sites", 1, "storage"), "s3://insitu-shared/eu2/")(conf_copy)
+    conf = load_conf("fraud", directory=conf_copy)
+
+    assert [s.storage for s in conf.sites.sites][:2] == ["s3://insitu-shared/eu/", "s3://insitu-shared/eu2/"]
+
+
+# Each case gives two owners (sites, or a site and the exchange) something that must be each one's own.
+SITES_CONFLICTS = [
+    pytest.param(("sites", 1, "storage"), "s3://insitu-eu/", "sites[1].storage",
+                 "overlaps sites[0].storage s3://insitu-eu/", id="same-store"),
+    pytest.param(("sites", 1, "storage"), "S3://Insitu-EU/x/../", "sites[1].storage",
+                 "overlaps sites[0].storage s3://insitu-eu/", id="same-store-spelt-otherwise"),
+    pytest.param(("sites", 1, "storage"), "s3://insitu-eu//us/", "sites[1].storage",
+                 "store s3://insitu-eu/us/ overlaps sites[0].storage s3://insitu-eu/", id="store-inside-another"),
+    pytest.param(("sites", 0, "storage"), "s3://insitu-us/eu/", "sites[1].storage",
+                 "store s3://insitu-us/ overlaps sites[0].storage s3://insitu-us/eu/", id="store-around-another"),
+    pytest.param(("exchange", "storage"), "s3://insitu-eu/exchange/", "sites[0].storage",
+                 "overlaps exchange.storage s3://insitu-eu/exchange/; the exchange needs a store of its own",
+                 id="exchange-inside-a-site-store"),
+    pytest.param(("sites", 2, "storage"), "s3://insitu-exchange/apac", "sites[2].storage",
+                 "overlaps exchange.storage s3://insitu-exchange/; the exchange needs a store of its own",
+                 id="site-store-inside-the-exchange"),
+    pytest.param(("sites", 1, "key_env"), "INSITU_EU_AWS_ACCESS_KEY_ID", "sites[1].key_env",
+                 "variable INSITU_EU_AWS_ACCESS_KEY_ID is also named by sites[0].key_env", id="shared-key-env"),
+    pytest.param(("sites", 2, "secret_env"), "INSITU_US_AWS_SECRET_ACCESS_KEY", "sites[2].secret_env",
+                 "also named by sites[1].secret_env", id="shared-secret-env"),
+    pytest.param(("sites", 1, "endpoint_env"), "INSITU_EU_S3_ENDPOINT", "sites[1].endpoint_env",
+                 "also named by sites[0].endpoint_env", id="shared-endpoint-env"),
+    pytest.param(("sites", 2, "dask", "scheduler_env"), "INSITU_EU_DASK_SCHEDULER", "sites[2].dask.scheduler_env",
+                 "also named by sites[0].dask.scheduler_env", id="shared-scheduler-env"),
+    pytest.param(("sites", 0, "secret_env"), "INSITU_EXCHANGE_AWS_SECRET_ACCESS_KEY", "sites[0].secret_env",
+                 "also named by exchange.secret_env", id="site-names-an-exchange-variable"),
+    pytest.param(("sites", 1, "key_env"), "INSITU_EU_AWS_SECRET_ACCESS_KEY", "sites[1].key_env",
+                 "also named by sites[0].secret_env", id="another-sites-variable-in-another-role"),
+]
+
+
+@pytest.mark.parametrize(("keys", "value", "key", "hint"), SITES_CONFLICTS)
+def test_what_a_site_owns_is_its_own(
+    conf_copy: Path, keys: tuple[str | int, ...], value: str, key: str, hint: str
+) -> None:
+    _set(SITES, keys, value)(conf_copy)
+    msg = _load_error(conf_copy)
+
+    assert msg.startswith(f"{conf_copy / SITES}: key '{key}': ")
+    assert hint in msg
+    assert ("store of its own" in msg) or ("variables of their own" in msg and "rename one of them" in msg)
+
+
+BAD_STORE_URLS = [
+    pytest.param("s3://insitu-eu/../insitu-us/", "climbs above the bucket", id="dotdot-escapes-the-bucket"),
+    pytest.param("s3://insitu-eu/a/../../b/", "climbs above the bucket", id="dotdot-escapes-after-a-segment"),
+    pytest.param("s3://", "names no bucket", id="no-bucket"),
+    pytest.param("s3:///insitu-eu/", "names no bucket", id="empty-bucket"),
+    pytest.param("s3://insitu-eu/?versionId=1", "query string", id="query-string"),
+    pytest.param("s3://insitu-eu/raw#x", "fragment", id="fragment"),
+    pytest.param("s3://insitu-eu/%2e%2e/", "%-escape", id="percent-escape"),
+    pytest.param("http://insitu-eu/", "must be an fsspec URL", id="unknown-scheme"),
+    pytest.param("file://data/x", "absolute path", id="relative-file-url"),
+]
+
+
+@pytest.mark.parametrize(("url", "hint"), BAD_STORE_URLS)
+def test_a_bad_store_url_is_refused(conf_copy: Path, url: str, hint: str) -> None:
+    _set(SITES, ("sites", 1, "storage"), url)(conf_copy)
+    msg = _load_error(conf_copy)
+
+    assert msg.startswith(f"{conf_copy / SITES}: key 'sites[1].storage': ")
+    assert hint in msg
+
+
+def test_credentials_pasted_into_a_store_url_are_not_echoed(conf_copy: Path) -> None:
+    _set(SITES, ("sites", 1, "storage"), "s3://AKIAEXAMPLE:wJalrSECRET@insitu-us/")(conf_copy)
+    msg = _load_error(conf_copy)
+
+    assert "key 'sites[1].storage'" in msg and "credentials never go in the URL" in msg
+    assert "AKIAEXAMPLE" not in msg and "wJalrSECRET" not in msg
+
+
+# Duplicate keys, at every depth and in every file; ``line`` is the line of the second one.
+DUPLICATE_KEYS = [
+    pytest.param(TRAINING, "rounds: 5\n", "rounds: 5\nrounds: 50\n", "rounds", id="top-level"),
+    pytest.param(TRAINING, "  lr: 0.003\n", "  lr: 0.003\n  lr: 0.3\n", "optimizer.lr", id="nested"),
+    pytest.param(SITES, "    work_pool: insitu-us\n", "    work_pool: insitu-us\n    work_pool: insitu-eu\n",
+                 "sites[1].work_pool", id="in-a-list-item"),
+    pytest.param(SITES, "      local_workers: 2\n    devices: cpu\n  - name: us\n",
+                 "      local_workers: 2\n      local_workers: 8\n    devices: cpu\n  - name: us\n",
+                 "sites[0].dask.local_workers", id="deep-in-a-list-item"),
+    pytest.param(DATASETS, "        hour: {type: int, min: 0, max: 23}\n",
+                 "        hour: {type: int, min: 0, max: 23}\n        hour: {type: float}\n",
+                 "datasets.fraud.schema.columns.hour", id="in-datasets"),
+    pytest.param(DATASETS, "{id: eu-000, site: eu, path:", "{id: eu-000, site: eu, site: us, path:",
+                 "datasets.fraud.shards[0].site", id="in-a-flow-mapping"),
+]
+
+
+@pytest.mark.parametrize(("file", "old", "new", "key"), DUPLICATE_KEYS)
+def test_a_duplicate_yaml_key_is_refused(conf_copy: Path, file: str, old: str, new: str, key: str) -> None:
+    path = conf_copy / file
+    before = path.read_text()
+    assert old in before
+    path.write_text(before.replace(old, new, 1))
+    # the second key is on the first line that the edit changed
+    pairs = zip(before.splitlines(), path.read_text().splitlines(), strict=False)
+    line = next(i for i, (a, b) in enumerate(pairs, 1) if a != b)
+    msg = _load_error(conf_copy)
+
+    assert msg.startswith(f"{path}: line {line}: key '{key}': duplicate key (first at line ")
+    assert "remove or rename one of them" in msg
+
+
+def test_yaml_merge_keys_may_still_be_overridden() -> None:
+    text = "base: &b {lr: 1, momentum: 0.5}\nopt:\n  <<: *b\n  lr: 2\n"
+    merged = {"base": {"lr": 1, "momentum": 0.5}, "opt": {"lr": 2, "momentum": 0.5}}
+    assert yaml.load(text, Loader=ConfLoader) == merged
+    with pytest.raises(yaml.YAMLError, match="duplicate key 'opt.lr' at line 5"):
+        yaml.load(text + "  lr: 3\n", Loader=ConfLoader)
+
+
+# Values that must never reach a message: under an unknown key, under a *_env key, on a line YAML can't parse.
+SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
+NOT_ECHOED = [
+    pytest.param(SITES, _set(SITES, ("sites", 1, "aws_secret_access_key"), SECRET), "sites[1].aws_secret_access_key",
+                 "unknown key; remove it or check the spelling; known keys: storage, endpoint_env, key_env, "
+                 "secret_env, name, work_pool, dask, devices", id="unknown-key-in-a-site"),
+    pytest.param(DATASETS, _set(DATASETS, (*SHARDS, 2, "token"), SECRET), "datasets.fraud.shards[2].token",
+                 "known keys: id, site, path", id="unknown-key-in-a-shard"),
+    pytest.param(DATASETS, _set(DATASETS, ("datasets", "fraud", "password"), SECRET), "datasets.fraud.password",
+                 "known keys: description, split_key, schema, shards", id="unknown-key-in-a-dataset"),
+    pytest.param(TRAINING, _set(TRAINING, ("api_key",), {"value": SECRET}), "api_key",
+                 "known keys: model, optimizer, rounds", id="unknown-top-level-mapping"),
+    pytest.param(SITES, _set(SITES, ("exchange", "secret_env"), SECRET), "exchange.secret_env",
+                 "should match pattern", id="secret-pasted-as-a-variable-name"),
+    pytest.param(TRAINING, _write(TRAINING, f"optimizer:\n  lr: [{SECRET}\nrounds: 5\n"), None,
+                 "not valid YAML at line", id="yaml-error-quotes-no-line"),
+]
+
+
+@pytest.mark.parametrize(("file", "mutate", "key", "hint"), NOT_ECHOED)
+def test_a_value_that_may_be_a_secret_is_not_echoed(
+    conf_copy: Path, file: str, mutate: Mutation, key: str | None, hint: str
+) -> None:
+    mutate(conf_copy)
+    msg = _load_error(conf_copy)
+
+    assert str(conf_copy / file) in msg
+    if key is not None:
+        assert f"key '{key}'" in msg
+    assert hint in msg
+    assert SECRET[:12] not in msg
+
+
+def test_a_training_config_may_not_be_a_link_out_of_conf_training(conf_copy: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere.yaml"
+    outside.write_text((conf_copy / TRAINING).read_text())
+    (conf_copy / "training" / "linked.yaml").symlink_to(outside)
+    (conf_copy / "training" / "alias.yaml").symlink_to(conf_copy / TRAINING)
+
+    with pytest.raises(ConfigError, match="linked.yaml links out of it"):
+        trusted_training("linked", conf_copy)
+    with pytest.raises(ConfigError, match="links out of it"):
+        load_conf("linked", directory=conf_copy)
+    # a link that stays inside conf/training is just another name
+    assert trusted_training("alias", conf_copy) == str((conf_copy / TRAINING).resolve())
+
+
+def test_an_unknown_training_name_lists_the_known_ones(conf_copy: Path) -> None:
+    with pytest.raises(ConfigError, match=r"holds no nope\.yaml \(it holds \['fraud', 'fraud_single'\]\)"):
+        trusted_training("nope", conf_copy)
+
+
+def test_load_conf_refuses_a_training_name_that_is_a_path(conf_copy: Path) -> None:
+    # Before: '../sites' became conf/training/../sites.yaml and sites.yaml was read as a training config.
+    for bad in ("../sites", "training/fraud", "fraud/../../sites"):
+        with pytest.raises(ConfigError, match="only configs in") as info:
+            load_conf(bad, directory=conf_copy)
+        assert "sites.yaml" not in str(info.value)
+
+
+def test_a_long_attacker_value_is_cut_short(conf_copy: Path) -> None:
+    long = "/etc/" + "x" * 5000
+    with pytest.raises(ConfigError) as info:
+        trusted_training(long, conf_copy)
+    assert "x" * 50 not in str(info.value) and len(str(info.value)) < 400
+    with pytest.raises(ConfigError) as info:
+        load_conf("fraud", dataset=long, directory=conf_copy)
+    assert "x" * 50 not in str(info.value) and len(str(info.value)) < 400
+
+
+@pytest.mark.parametrize("dataset", ["../fraud", "fraud/shards", "", "fraud\n", "-fraud"])
+def test_a_dataset_is_named_by_a_plain_key_of_datasets_yaml(dataset: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_conf("fraud", dataset=dataset, directory=CONF)
+    msg = str(info.value)
+    assert str(CONF / DATASETS) in msg and "a run names a dataset by its key in datasets.yaml" in msg
+    assert "defined: ['fraud']" in msg
+
+
+def test_a_dataset_key_that_no_run_could_name_is_refused(conf_copy: Path) -> None:
+    _edit(DATASETS, lambda d: d["datasets"].update({"fraud/eu": d["datasets"]["fraud"]}))(conf_copy)
+    msg = _load_error(conf_copy)
+    assert f"{conf_copy / DATASETS}: key 'datasets': dataset 'fraud/eu' is not a plain name" in msg
+    assert "rename it" in msg
+
+
+def test_check_job_id() -> None:
+    for ok in ("20240101-120000-abc123", "e2e-kill-1a2b3c", "a", "A.b_c-d", "x" * 100):
+        assert check_job_id(ok) == ok
+    for bad in ("", "-x", ".x", "a/b", "../x", "a b", "a\n", "x" * 101, "job;rm"):
+        with pytest.raises(ValueError, match="is not a job id") as info:
+            check_job_id(bad)
+        assert JOB_ID_PATTERN in str(info.value)
+    with pytest.raises(ValueError) as info:
+        check_job_id("y" * 5000)
+    assert "y" * 50 not in str(info.value)

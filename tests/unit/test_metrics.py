@@ -1,4 +1,4 @@
-"""Binary metrics, and their sample-weighted combination across sites."""
+"""Binary metrics, their row floor, and their sample-weighted combination across sites."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from insitu.metrics import binary_metrics, weighted_global
+from insitu.metrics import binary_metrics, weighted_global, withheld, withheld_sites
 
 
 def test_weighted_global_hand_computed() -> None:
@@ -23,11 +23,11 @@ def test_weighted_global_hand_computed() -> None:
 
 def test_weighted_global_three_sites() -> None:
     per_site = {
-        "a": {"loss": 1.0, "count": 1.0},
-        "b": {"loss": 2.0, "count": 2.0},
-        "c": {"loss": 4.0, "count": 7.0},
+        "a": {"loss": 1.0, "count": 100.0},
+        "b": {"loss": 2.0, "count": 200.0},
+        "c": {"loss": 4.0, "count": 700.0},
     }
-    # (1*1 + 2*2 + 4*7) / 10 = 3.3
+    # (1*100 + 2*200 + 4*700) / 1000 = 3.3
     assert weighted_global(per_site)["loss"] == pytest.approx(3.3)
 
 
@@ -44,13 +44,13 @@ def test_nan_values_are_left_out_of_that_metric_only() -> None:
 
 def test_all_nan_metric_stays_nan_and_missing_metric_is_skipped() -> None:
     per_site = {
-        "eu": {"pr_auc": float("nan"), "count": 10.0},
-        "us": {"pr_auc": float("nan"), "loss": 1.0, "count": 30.0},
+        "eu": {"pr_auc": float("nan"), "count": 100.0},
+        "us": {"pr_auc": float("nan"), "loss": 1.0, "count": 300.0},
     }
     out = weighted_global(per_site)
     assert math.isnan(out["pr_auc"])
     assert out["loss"] == pytest.approx(1.0)  # eu has no loss: us alone
-    assert out["count"] == 40.0
+    assert out["count"] == 400.0
     assert weighted_global({}) == {"count": 0.0}
 
 
@@ -83,3 +83,24 @@ def test_empty_split() -> None:
     m = binary_metrics(np.array([]), np.array([]), loss=float("nan"))
     assert m["count"] == 0.0
     assert math.isnan(m["roc_auc"]) and math.isnan(m["pr_auc"]) and math.isnan(m["positive_rate"])
+
+
+def test_withheld_sites_are_left_out_of_every_global_metric_and_named(caplog: pytest.LogCaptureFixture) -> None:
+    per_site = {
+        "eu": {"roc_auc": 0.8, "loss": 0.5, "positive_rate": 0.1, "count": 100.0},
+        "us": withheld(),  # fewer test rows than the floor: nothing but the marker
+        "apac": {},  # what the coordinator keeps of a marker when it keeps numbers only
+        "mx": {"roc_auc": 0.1, "loss": 9.0, "positive_rate": 1.0, "count": 5.0},  # under the floor all the same
+    }
+    assert withheld() == {"withheld": "fewer than 20 rows"}
+    assert withheld_sites(per_site) == ["us", "apac", "mx"]
+    with caplog.at_level("WARNING", logger="insitu.metrics"):
+        out = weighted_global(per_site)
+    assert out == {"roc_auc": 0.8, "loss": 0.5, "positive_rate": 0.1, "count": 100.0}
+    assert "['us', 'apac', 'mx']" in caplog.text and "fewer than 20 test rows" in caplog.text
+    assert weighted_global({"us": withheld()}) == {"count": 0.0}
+
+
+def test_the_floor_can_be_raised_by_the_caller() -> None:
+    per_site = {"eu": {"loss": 1.0, "count": 40.0}, "us": {"loss": 3.0, "count": 60.0}}
+    assert weighted_global(per_site, min_rows=50) == {"loss": 3.0, "count": 60.0}

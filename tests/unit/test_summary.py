@@ -38,6 +38,7 @@ def test_markdown_has_the_gate_and_one_line_per_row() -> None:
 
 def test_the_summary_says_which_identity_ran_each_step(tmp_path: Path) -> None:
     import torch
+    from protocol_examples import evaluation, prepare_stats
 
     from insitu.federated.exchange import Exchange
     from insitu.storage import Store
@@ -46,9 +47,11 @@ def test_the_summary_says_which_identity_ran_each_step(tmp_path: Path) -> None:
     store = Store(f"file://{tmp_path}/", {})
     eu = {"actor": "eu", "os_user": "insitu-eu", "pool": "insitu-eu"}
     ex_eu = Exchange(store, "j", "eu")
-    ex_eu.put_json("stats", "prepare.json", {"ran_as": eu})
-    ex_eu.put_state("update", "round-0000", {"w": torch.zeros(1)}, ran_as=eu)
-    ex_eu.put_json("metrics", "evaluate.json", {"ran_as": eu})
+    ex_eu.put_json("stats", "prepare.json", {**prepare_stats("eu"), "ran_as": eu})
+    base = Exchange(store, "j", "coordinator").put_state("weights", "round-0000", {"w": torch.zeros(1)}, round=0)
+    ex_eu.put_state("update", "round-0000", {"w": torch.zeros(1)}, reference={"w": torch.zeros(1)}, ran_as=eu,
+                    round=0, n_samples=100, base_sha256=base["sha256"])
+    ex_eu.put_json("metrics", "evaluate.json", {**evaluation("eu"), "ran_as": eu})
     coord = {"actor": "coordinator", "os_user": "insitu-coordinator", "pool": "insitu-coordinator"}
     ids = collect_identities(Exchange(store, "j", "coordinator"), coord, ["eu"], ["eu"], n_rounds=1)
     assert ids == {"coordinator": {"plan, aggregate, register": coord},

@@ -38,7 +38,7 @@ def test_a_log_rolled_back_with_its_head_verifies_alone_but_not_against_its_anch
     for f in ("eu.jsonl", "eu.jsonl.head"):
         shutil.copy(tmp_path / f, saved / f)
     log.append("data.read", job_id="j2", dataset="fraud", principal="alice")
-    anchors.publish_head(ex, "eu", log.path, job_id="j2")
+    anchors.publish_head(ex, "eu", log.head(), job_id="j2")
     for f in ("eu.jsonl", "eu.jsonl.head"):  # roll both back to the copy taken before j2
         shutil.copy(saved / f, tmp_path / f)
     assert verify(log.path, key).ok
@@ -50,7 +50,7 @@ def test_a_log_rewritten_and_resigned_from_an_anchored_line_is_caught(tmp_path: 
     key = new_key()
     ex = _store(tmp_path)
     log = _log(tmp_path, "eu", key, 4)
-    anchors.publish_head(ex, "eu", log.path)
+    anchors.publish_head(ex, "eu", log.head())
     # Someone with the key rewrites history: a fresh, self-consistent log of the same length.
     log.path.unlink()
     log.path.with_name("eu.jsonl.head").unlink()

@@ -1,0 +1,396 @@
+"""The exchange protocol: every artefact a party may write, by kind and name, with its schema and size.
+
+An artefact that is not in :data:`ARTEFACTS` may not be written, and is not read. Every JSON document is
+checked against its schema when written (by the writer, to fail early) and again when read (by the reader,
+which trusts nobody's checks but its own). Schemas forbid unknown keys, bound every string, list and
+mapping, and type every value, so that no row fits in them: no free-form lists of records, no columns, no
+long strings; a state file (``.pt``) is checked by :mod:`insitu.federated.states` instead.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+    ValidationError,
+    model_validator,
+)
+
+from insitu.config import SITE_NAME, TrainingConfig
+from insitu.federated.kinds import (
+    COORDINATOR,
+    KIB,
+    MAX_MANIFEST_BYTES,
+    MAX_STATE_BYTES,
+    MIB,
+    MIN_ROWS,
+    ExchangeError,
+    shown,
+)
+
+MAX_SITES = 64
+MAX_SHARDS = 256
+MAX_FEATURES = 1024
+MAX_BINS = 1000
+MAX_ROUNDS = 10_000
+MAX_TEXT = 2000
+
+
+Site = Annotated[str, StringConstraints(pattern=SITE_NAME)]  # the coordinator's name fits it too
+JobId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")]
+Ident = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,100}$")]  # shard ids, pools, users, versions
+StateName = Annotated[str, StringConstraints(pattern=r"^(round-\d{4,5}|champion)$")]
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+Hash = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8,64}$")]
+Timestamp = Annotated[str, StringConstraints(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?(Z|[+-]\d\d:\d\d)?$")]
+MetricName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,39}$")]
+Feature = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f]{1,100}$")]
+Split = Literal["train", "val", "test"]
+Count = Annotated[int, Field(ge=0, le=10**15)]
+Vector = Annotated[list[float], Field(max_length=MAX_FEATURES)]
+Text = Annotated[str, StringConstraints(max_length=MAX_TEXT)]
+Error = Annotated[str, StringConstraints(max_length=500)]  # an error message about a shard
+Location = Annotated[str, StringConstraints(max_length=1000)]  # a place in the site's own store
+Label = Annotated[str, StringConstraints(min_length=1, max_length=100)]  # a ledger kind, a summary step
+Metrics = Annotated[dict[MetricName, float], Field(max_length=32)]
+
+
+class Doc(BaseModel):
+    """Base of every document: unknown keys are refused, values are not coerced (no "1" for 1)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class RanAs(Doc):
+    actor: Site
+    os_user: Ident
+    pool: Ident
+
+
+# ------------------------------------------------------------------ plan (coordinator)
+class Plan(Doc):
+    job_id: JobId
+    dataset: Ident
+    shards: Annotated[dict[Site, Annotated[list[Ident], Field(max_length=MAX_SHARDS)]], Field(max_length=MAX_SITES)]
+    config_hash: Hash
+    training: TrainingConfig
+
+
+# ------------------------------------------------------------------ stats
+class TrainStats(Doc):
+    n: Count
+    sum: Vector
+    sumsq: Vector
+    positives: Count
+
+    @model_validator(mode="after")
+    def _floor(self) -> TrainStats:
+        if 0 < self.n < MIN_ROWS:
+            raise ValueError(f"statistics over {self.n} rows; the floor is {MIN_ROWS}")
+        if len(self.sum) != len(self.sumsq) or self.positives > self.n:
+            raise ValueError("sum and sumsq differ in length, or positives exceed n")
+        return self
+
+
+class ShardSummary(Doc):
+    rows_read: Count
+    rows_prepared: Count
+    rows_quarantined: Count
+    split_counts: dict[Split, Count]
+    error: Error | None = None
+    quarantine_path: Location | None = None
+
+
+class PrepareStats(Doc):
+    """``stats/prepare.json`` of a site: counts and the sums of its train split, never values."""
+
+    site: Site
+    ran_as: RanAs
+    shards: Annotated[dict[Ident, ShardSummary], Field(max_length=MAX_SHARDS)]
+    rows_read: Count
+    rows_prepared: Count
+    rows_quarantined: Count
+    shards_unreadable: Annotated[list[Ident], Field(max_length=MAX_SHARDS)]
+    split_counts: dict[Split, Count]
+    train_stats: TrainStats
+    raw_bytes: Count
+
+
+class GlobalStats(Doc):
+    """``stats/global.json`` of the coordinator: global normalisation and class balance."""
+
+    features: Annotated[list[Feature], Field(max_length=MAX_FEATURES)]
+    mean: Vector
+    std: Vector
+    n: Count
+    positives: Count
+    pos_weight: float
+
+    @model_validator(mode="after")
+    def _widths(self) -> GlobalStats:
+        if not len(self.features) == len(self.mean) == len(self.std):
+            raise ValueError("features, mean and std differ in length")
+        return self
+
+
+# ------------------------------------------------------------------ weights and updates (manifests)
+class TrainMetrics(Doc):
+    """What a site reports of one round's local training (insitu.parallel.loop): a closed set of numbers."""
+
+    train_loss: float | None = None
+    steps: float | None = None
+    samples_per_s: float | None = None
+    step_time_s: float | None = None
+    comm_s: float | None = None
+    train_seconds: float | None = None
+    checkpoint_s: float | None = None
+    resumed_from_step: float | None = None
+    global_steps: float | None = None
+    ranks: float | None = None
+
+
+class StateManifest(Doc):
+    job_id: JobId
+    writer: Site
+    name: StateName
+    sha256: Sha256
+    bytes: Annotated[int, Field(gt=0, le=MAX_STATE_BYTES)]
+    created: Timestamp
+
+
+class WeightsManifest(StateManifest):
+    round: Annotated[int, Field(ge=0, le=MAX_ROUNDS + 1)] | None = None
+    sites: Annotated[list[Site], Field(max_length=MAX_SITES)] | None = None
+    n_samples: Count | None = None
+    version: Ident | None = None  # the registry version of a champion
+
+    @model_validator(mode="after")
+    def _round_matches_name(self) -> WeightsManifest:
+        if self.name.startswith("round-") and (self.round is None or self.name != f"round-{self.round:04d}"):
+            raise ValueError(f"weights {self.name} must say round {self.name.removeprefix('round-')}")
+        return self
+
+
+class UpdateManifest(StateManifest):
+    round: Annotated[int, Field(ge=0, le=MAX_ROUNDS)]
+    n_samples: Annotated[int, Field(ge=MIN_ROWS, le=10**15)]  # an update from fewer rows describes them
+    base_sha256: Sha256
+    metrics: TrainMetrics = TrainMetrics()
+    ran_as: RanAs | None = None
+
+    @model_validator(mode="after")
+    def _round_matches_name(self) -> UpdateManifest:
+        if self.name != f"round-{self.round:04d}":
+            raise ValueError(f"an update named {self.name} must be for round {self.name.removeprefix('round-')}")
+        return self
+
+
+# ------------------------------------------------------------------ metrics (sites)
+class ModelMetrics(Doc):
+    """One model's metrics on a site's test split, over at least the floor of rows.
+
+    ``hist_pos``/``hist_neg`` count the scores of each class per bin of a fixed grid; they are coarsened
+    before publication (:func:`insitu.metrics.floor_histograms`) so that no non-empty bin holds fewer rows
+    than the floor.
+    """
+
+    roc_auc: float
+    pr_auc: float
+    loss: float
+    count: Annotated[float, Field(ge=MIN_ROWS)]
+    positive_rate: float
+    hist_pos: Annotated[list[Count], Field(min_length=1, max_length=MAX_BINS)] | None = None
+    hist_neg: Annotated[list[Count], Field(min_length=1, max_length=MAX_BINS)] | None = None
+
+    @model_validator(mode="after")
+    def _histograms(self) -> ModelMetrics:
+        pos, neg = self.hist_pos, self.hist_neg
+        if pos is None and neg is None:
+            return self
+        if pos is None or neg is None or len(pos) != len(neg):
+            raise ValueError("hist_pos and hist_neg come together, with the same bins")
+        if any(0 < c < MIN_ROWS for c in (*pos, *neg)):
+            raise ValueError(f"a histogram bin holds fewer than {MIN_ROWS} rows")
+        if sum(pos) + sum(neg) > self.count:
+            raise ValueError("the histograms count more rows than the metrics")
+        return self
+
+
+class Withheld(Doc):
+    """Published instead of a model's metrics when the split is under the floor."""
+
+    withheld: Label
+
+
+def _metrics_or_withheld(v: object) -> str:
+    # Chosen by the one key that tells them apart, so that a refusal explains the one schema that applies.
+    return "withheld" if isinstance(v, dict) and "withheld" in v else "metrics"
+
+
+MetricsOrWithheld = Annotated[
+    Annotated[ModelMetrics, Tag("metrics")] | Annotated[Withheld, Tag("withheld")],
+    Discriminator(_metrics_or_withheld),
+]
+
+
+class Evaluation(Doc):
+    """``metrics/evaluate.json`` of a site."""
+
+    site: Site
+    ran_as: RanAs
+    models: Annotated[dict[StateName, MetricsOrWithheld], Field(max_length=8)]
+
+
+# ------------------------------------------------------------------ summary (coordinator)
+class RoundDetail(Doc):
+    round: Annotated[int, Field(ge=0, le=MAX_ROUNDS)]
+    sites: Annotated[list[Site], Field(max_length=MAX_SITES)]
+    missing: Annotated[list[Site], Field(max_length=MAX_SITES)]
+    rejected: Annotated[dict[Site, Text], Field(max_length=MAX_SITES)] = {}  # why a site's update was not used
+
+
+class SiteSummary(Doc):
+    rows_read: Count
+    rows_prepared: Count
+    rows_quarantined: Count
+    shards_unreadable: Annotated[list[Ident], Field(max_length=MAX_SHARDS)]
+    split_counts: dict[Split, Count]
+    raw_bytes: Count
+    rounds_contributed: Count
+    metrics: Metrics
+    bytes_to_exchange: Annotated[dict[Label, Count], Field(max_length=32)]
+
+
+class GateRecord(Doc):
+    passed: bool
+    reason: Text
+    primary_metric: MetricName
+    candidate: float | Metrics | None = None  # a re-judged version reports the candidate's global metrics
+    champion: Ident | float | None = None
+    site_deltas: Annotated[dict[Site, float], Field(max_length=MAX_SITES)] = {}
+    version: Ident | None = None
+    previous_champion: Ident | None = None
+
+
+class Registration(Doc):
+    model_name: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    version: Ident
+    alias: Literal["champion", "challenger"]
+    run_id: Ident
+    gate: GateRecord | None = None
+
+
+class Summary(Doc):
+    """``summary/summary.json``: :func:`insitu.summary.job_summary`."""
+
+    job_id: JobId
+    dataset: Ident
+    config_hash: Hash
+    rounds: Annotated[int, Field(ge=0, le=MAX_ROUNDS)]
+    rounds_detail: Annotated[list[RoundDetail], Field(max_length=MAX_ROUNDS)]
+    sites: Annotated[dict[Site, SiteSummary], Field(max_length=MAX_SITES)]
+    global_metrics: Metrics
+    bytes_crossed: Count
+    bytes_crossed_by_writer: Annotated[dict[Site, Annotated[dict[Label, Count], Field(max_length=32)]],
+                                       Field(max_length=MAX_SITES + 1)]
+    raw_bytes: Count
+    model: Registration
+    ran_as: Annotated[dict[Site, Annotated[dict[Label, RanAs | None], Field(max_length=8)]],
+                      Field(max_length=MAX_SITES + 1)]
+    started: Timestamp
+    finished: Timestamp
+
+
+# ------------------------------------------------------------------ control (coordinator)
+class Abort(Doc):
+    reason: Text
+
+
+# ------------------------------------------------------------------ the protocol
+@dataclass(frozen=True)
+class Artefact:
+    """One kind of artefact: where it goes, who writes it, its byte bound and its schema.
+
+    ``schema`` is None for a state file, whose checks are in :mod:`insitu.federated.states`.
+    """
+
+    kind: str
+    pattern: re.Pattern[str]
+    writer: Literal["coordinator", "site"]
+    max_bytes: int
+    schema: type[Doc] | None
+
+
+_STATE = r"(round-\d{4,5}|champion)"
+ARTEFACTS: tuple[Artefact, ...] = (
+    Artefact("plan", re.compile(r"plan\.json"), "coordinator", 256 * KIB, Plan),
+    Artefact("stats", re.compile(r"prepare\.json"), "site", 64 * KIB, PrepareStats),
+    Artefact("stats", re.compile(r"global\.json"), "coordinator", 256 * KIB, GlobalStats),
+    Artefact("weights", re.compile(_STATE + r"\.manifest\.json"), "coordinator", MAX_MANIFEST_BYTES, WeightsManifest),
+    Artefact("weights", re.compile(_STATE + r"\.pt"), "coordinator", MAX_STATE_BYTES, None),
+    Artefact("update", re.compile(r"round-\d{4,5}\.manifest\.json"), "site", MAX_MANIFEST_BYTES, UpdateManifest),
+    Artefact("update", re.compile(r"round-\d{4,5}\.pt"), "site", MAX_STATE_BYTES, None),
+    Artefact("metrics", re.compile(r"evaluate\.json"), "site", 256 * KIB, Evaluation),
+    Artefact("summary", re.compile(r"summary\.json"), "coordinator", 4 * MIB, Summary),
+    Artefact("control", re.compile(r"abort\.json"), "coordinator", 8 * KIB, Abort),
+)
+
+
+def role(writer: str) -> Literal["coordinator", "site"]:
+    return "coordinator" if writer == COORDINATOR else "site"
+
+
+def artefact(kind: str, name: str, writer: str) -> Artefact:
+    """The protocol's entry for ``kind/name`` written by ``writer``; ExchangeError if there is none."""
+    where = f"{shown(kind, False)}/{shown(name, False)} of {shown(writer, False)}"
+    found = [a for a in ARTEFACTS if a.kind == kind and a.pattern.fullmatch(name)]
+    if not found:
+        known = sorted({a.pattern.pattern.replace("\\", "") for a in ARTEFACTS if a.kind == kind})
+        raise ExchangeError(f"{where}: not an artefact of the exchange protocol; {shown(kind)} allows {known}")
+    mine = [a for a in found if a.writer == role(writer)]
+    if not mine:
+        raise ExchangeError(f"{where}: only the {found[0].writer} writes {shown(kind, False)}/{shown(name, False)}")
+    return mine[0]
+
+
+def check_document(art: Artefact, data: bytes, where: str, *, job_id: str, writer: str, name: str) -> Doc:
+    """Validate the bytes of a JSON artefact against its schema and its place on the exchange.
+
+    Raises
+    ------
+    ExchangeError
+        Naming ``where`` (kind, name, writer) and the offending keys; never the values, which may be rows.
+    """
+    if art.schema is None:
+        raise ExchangeError(f"{where}: a state file is not a JSON document")
+    if len(data) > art.max_bytes:
+        raise ExchangeError(f"{where}: {len(data):,} bytes; at most {art.max_bytes:,} are allowed")
+    try:
+        doc = art.schema.model_validate_json(data, strict=True)
+    except ValidationError as e:
+        raise ExchangeError(f"{where}: refused by the protocol: {explain(e)}") from None
+    # A document says where it belongs; it must be where it is (no replaying another site's or job's).
+    claims = {"job_id": job_id, "writer": writer, "site": writer, "name": name.split(".", 1)[0]}
+    for field, expected in claims.items():
+        if field in type(doc).model_fields and getattr(doc, field) != expected:
+            raise ExchangeError(f"{where}: its {field!r} is {shown(getattr(doc, field))}, not {shown(expected)}")
+    return doc
+
+
+def explain(e: ValidationError, limit: int = 5) -> str:
+    """The offending keys and what is wrong with each; input values are left out (they may be rows)."""
+    parts = []
+    for err in e.errors(include_input=False, include_url=False, include_context=False)[:limit]:
+        loc = ".".join(x if x == "[key]" else shown(x, False) for x in err["loc"]) or "$"
+        msg = "key not allowed by the protocol" if err["type"] == "extra_forbidden" else err["msg"]
+        parts.append(f"{loc}: {msg}")
+    more = e.error_count() - limit
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")

@@ -1,0 +1,154 @@
+"""The audit service: the only process that holds an actor's audit key and writes its log.
+
+A site's flows, Dask workers and Prefect worker run as the site's OS user. If they held the audit key
+they could rewrite and re-sign their own log. So each actor's log is written by a small service of its
+own, running as a separate OS user (``insitu-audit`` on the local platform), listening on a Unix socket:
+
+- a client sends one JSON line, ``{"op": "append", "event": …, "fields": {…}}`` or ``{"op": "head"}``;
+- the service checks the caller's OS user with ``SO_PEERCRED`` (only the actor's own user may log to the
+  actor's log; anyone may ask for the head, which anchors publish anyway), appends the record as its own
+  actor (the caller cannot choose whose log it writes), and answers with the record, or ``{"error": …}``.
+
+The key and the log live in a directory only the service's user can read. :class:`AuditClient` is what a
+site's processes use; it has the same ``append`` / ``with_fields`` / ``head`` interface as
+:class:`~insitu.governance.audit.AuditLog`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import socketserver
+import struct
+from pathlib import Path
+from typing import Any
+
+from insitu.governance.audit import AuditLog, log_head
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST = 1 << 20  # one record's fields; a request larger than this is refused
+
+
+class AuditServiceError(RuntimeError):
+    """The audit service refused or could not record an entry (the caller must not go on unaudited)."""
+
+
+def _peer_uid(sock: socket.socket) -> int:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    server: _Server
+
+    def handle(self) -> None:
+        uid = _peer_uid(self.request)
+        line = self.rfile.readline(MAX_REQUEST + 1)
+        try:
+            if len(line) > MAX_REQUEST:
+                raise AuditServiceError(f"request larger than {MAX_REQUEST} bytes")
+            req = json.loads(line)
+            if req.get("op") != "head" and uid not in self.server.allowed_uids:
+                raise AuditServiceError(f"uid {uid} may not write {self.server.audit.actor}'s audit log")
+            if req.get("op") == "head":  # the head is no secret: anchors publish it (and the platform polls it)
+                h = log_head(self.server.audit.path)
+                out: dict[str, Any] = {"head": list(h) if h else None}
+            elif req.get("op") == "append" and isinstance(req.get("event"), str) \
+                    and isinstance(req.get("fields"), dict):
+                out = {"record": self.server.audit.append(req["event"], **req["fields"])}
+            else:
+                raise AuditServiceError("expected {op: append, event, fields} or {op: head}")
+        except Exception as e:  # answer every failure: the client raises it
+            log.warning("audit service %s: refused a request from uid %d: %s", self.server.audit.actor, uid, e)
+            out = {"error": f"{type(e).__name__}: {e}"}
+        self.wfile.write(json.dumps(out).encode() + b"\n")
+
+
+class _Server(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+
+    def __init__(self, path: str, audit: AuditLog, allowed_uids: set[int]) -> None:
+        self.audit = audit
+        self.allowed_uids = allowed_uids
+        super().__init__(path, _Handler)
+
+
+def serve(config: Path) -> None:
+    """Run one actor's audit service from its configuration file (``actor``, ``log``, ``key``, ``socket``,
+    ``allowed_uids``) until terminated."""
+    spec = json.loads(config.read_text())
+    audit = AuditLog(spec["log"], bytes.fromhex(spec["key"]), spec["actor"])
+    sock = Path(spec["socket"])
+    sock.unlink(missing_ok=True)
+    server = _Server(str(sock), audit, {int(u) for u in spec["allowed_uids"]})
+    os.chmod(sock, 0o666)  # who may write is decided per connection, by SO_PEERCRED
+    if log_head(audit.path) is None:
+        audit.append("audit.started", pid=os.getpid())  # a deployed actor's log exists from the start
+    log.info("audit service for %s on %s", spec["actor"], sock)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        sock.unlink(missing_ok=True)
+
+
+class AuditClient:
+    """Append to an actor's log through its audit service (same interface as ``AuditLog``)."""
+
+    def __init__(self, socket_path: str | Path, actor: str, path: str | Path) -> None:
+        self.socket_path = str(socket_path)
+        self.actor = actor
+        self.path = Path(path)  # where the service keeps the log (not readable by the actor)
+        self.defaults: dict[str, Any] = {}
+
+    def with_fields(self, **defaults: Any) -> AuditClient:
+        bound = AuditClient(self.socket_path, self.actor, self.path)
+        bound.defaults = {**self.defaults, **defaults}
+        return bound
+
+    def _call(self, req: dict[str, Any]) -> dict[str, Any]:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(30)
+            try:
+                s.connect(self.socket_path)
+            except OSError as e:
+                raise AuditServiceError(f"{self.actor}'s audit service at {self.socket_path} is unreachable: {e}") \
+                    from None
+            s.sendall(json.dumps(req, allow_nan=False).encode() + b"\n")
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        out = json.loads(data)
+        if "error" in out:
+            raise AuditServiceError(f"{self.actor}'s audit service refused: {out['error']}")
+        return out
+
+    def append(self, event: str, **fields: Any) -> dict[str, Any]:
+        return self._call({"op": "append", "event": event, "fields": {**self.defaults, **fields}})["record"]
+
+    def head(self) -> tuple[int, str] | None:
+        h = self._call({"op": "head"})["head"]
+        return (int(h[0]), str(h[1])) if h else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", required=True, type=Path)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(args.config)
+
+
+if __name__ == "__main__":
+    main()
+
+
+Auditor = AuditLog | AuditClient
+"""Anything an actor appends audit records through: its log directly, or its audit service."""
