@@ -366,6 +366,8 @@ def audit_verify(
     state_dir: StateDir = DEFAULT_STATE,
     conf: ConfDir = DEFAULT_CONF,
     actor: Annotated[list[str], typer.Option(help="site name or 'coordinator'; default: all")] = [],  # noqa: B006
+    skip_anchors: Annotated[bool, typer.Option(help="verify without the exchange's anchors (it is not running); "
+                                                    "only the coordinator's countersignatures are checked")] = False,
 ) -> None:
     """Verify every deployed actor's log (hash chain, HMACs, head) against the anchors recorded outside it.
 
@@ -379,7 +381,15 @@ def audit_verify(
     actors = actor or p.actors
     if COORDINATOR not in actors:  # its countersignatures vouch for the sites' anchors
         actors = [COORDINATOR, *actors]
-    stored = list_anchors(store_from_env(p.sites.exchange, "exchange")) if p.state.get("pids") else []
+    if skip_anchors:
+        stored = []
+        console.print("[yellow]the exchange's anchors are NOT checked (--skip-anchors)[/yellow]")
+    elif not p.state.get("pids"):
+        console.print("[red]the platform is not running, so the anchors on the exchange cannot be read[/red]: "
+                      "start it (`insitu up`), or pass --skip-anchors to check without them")
+        raise typer.Exit(1)
+    else:
+        stored = list_anchors(store_from_env(p.sites.exchange, "exchange"))
     results = verify_trail({a: (p.audit_log(a), p.audit_key(a)) for a in actors}, stored)
     t = Table("actor", "log", "lines", "anchors", "result")
     for r in results:

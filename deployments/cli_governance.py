@@ -73,13 +73,17 @@ def _policy(p: Platform, site: str) -> SignedPolicy:
 
 
 def show(p: Platform, site: str) -> None:
+    from insitu.governance.policy import verify_policy
+
     signed = _policy(p, site)
     pol = signed.policy
-    admins = p.site_admins(site)
-    ok = signed.signer in admins
+    try:
+        verify_policy(signed, site, p.site_admins(site))
+        verdict = "[green](a site admin's valid signature)[/green]"
+    except PolicyError as e:
+        verdict = f"[red](REFUSED by the site: {e})[/red]"
     console.print(f"site [bold]{site}[/bold] policy v{pol.version}, issued {pol.issued_at:%Y-%m-%d %H:%M} UTC, "
-                  f"signed by {signed.signer} "
-                  + ("[green](a site admin)[/green]" if ok else "[red](NOT a site admin: the site refuses it)[/red]"))
+                  f"signed by {signed.signer} {verdict}")
     t = Table("principal", "roles", "key")
     for name, e in sorted(pol.principals.items()):
         t.add_row(name, ", ".join(e.roles), key_id(e.public_key))
@@ -116,7 +120,8 @@ def check(p: Platform, site: str, action: str, request_file: Path | None, as_: s
                training=training, training_hash=training_sha256(load_training(trusted_training(training, p.conf_dir))),
                overrides=overrides or req["request"]["overrides"],
                context={"strategy": t.strategy, "aggregator": t.aggregator, "rounds": t.rounds,
-                        "local_epochs": t.local_epochs, "ranks_per_site": t.ranks_per_site})
+                        "local_epochs": t.local_epochs, "ranks_per_site": t.ranks_per_site,
+                        "batch_size": t.batch_size})
     colour = "green" if d.allowed else "red"
     console.print(f"[{colour}]{'ALLOW' if d.allowed else 'DENY'}[/{colour}] rule {d.rule}: {d.reason}")
     return d.allowed
@@ -128,16 +133,25 @@ def apply(p: Platform, site: str, as_: str | None, cedar_file: Path | None, prin
     from insitu.governance.policy import Limits, PrincipalEntry, SitePolicy, sign_policy, verify_policy
     from insitu.governance.principals import load_private_key
 
-    current = _policy(p, site).policy
-    cedar = cedar_file.read_text() if cedar_file else current.cedar
-    principals = current.principals
+    # Carry over only what a site admin signed: a bundle someone put in place around the CLI is not re-signed.
+    try:
+        current: SitePolicy | None = verify_policy(read_signed_policy(p.policy_file(site)), site, p.site_admins(site))
+    except PolicyError as e:
+        if cedar_file is None or principals_file is None:
+            raise fail(f"the site's current policy is not valid ({e}); nothing of it is carried over: give both "
+                       "--cedar and --principals") from None
+        current = None
+    cedar = cedar_file.read_text() if cedar_file else current.cedar  # type: ignore[union-attr]
     if principals_file is not None:
         raw = json.loads(principals_file.read_text())
         principals = {n: PrincipalEntry.model_validate(e) for n, e in raw.items()}
-    limits = Limits(min_rows_per_aggregate=min_rows) if min_rows else current.limits
+    else:
+        principals = current.principals  # type: ignore[union-attr]
+    limits = Limits(min_rows_per_aggregate=min_rows) if min_rows else (current.limits if current else Limits())
+    version = (current.version if current else _policy_version_on_disk(p, site)) + 1
     try:
         name, key_file = resolve_key_file(as_, default_dir=p.principals_dir)
-        new = SitePolicy(site=site, version=current.version + 1, issued_at=datetime.now(UTC), principals=principals,
+        new = SitePolicy(site=site, version=version, issued_at=datetime.now(UTC), principals=principals,
                          limits=limits, cedar=cedar)
         signed = sign_policy(new, name, load_private_key(key_file))
         verify_policy(signed, site, p.site_admins(site))  # the site would refuse it: refuse here, write nothing
@@ -145,3 +159,10 @@ def apply(p: Platform, site: str, as_: str | None, cedar_file: Path | None, prin
         raise fail(f"policy not applied: {e}") from None
     p.install_policy(site, signed.model_dump_json(indent=2))
     console.print(f"site {site}: policy v{new.version} signed by {name} installed at {p.policy_file(site)}")
+
+
+def _policy_version_on_disk(p: Platform, site: str) -> int:
+    try:
+        return read_signed_policy(p.policy_file(site)).policy.version
+    except PolicyError:
+        return 0

@@ -86,11 +86,11 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
                                       "config_hash": conf.config_hash(), "training": t.model_dump(mode="json")})
     req = signed.request
     audit.append("job.planned", job_id=job_id, flow_run_id=fr_id, shards=plan, config_hash=conf.config_hash(),
-                 principal=req.principal, purpose=req.purpose, request=signed.digest(), standing=req.standing)
+                 claimed_principal=req.principal, purpose=req.purpose, request=signed.digest(), standing=req.standing)
     create_markdown_artifact(
         key="retrain-plan",
         markdown="## Plan for job `" + job_id + "`\n\n"
-        f"Requested by `{req.principal}` for *{req.purpose}* "
+        f"Requested by `{req.principal}` (each site verifies the signature) for *{req.purpose}* "
         f"({'standing approval' if req.standing else 'signed job request'}, request `{signed.digest()[:12]}`); "
         "each site decides it with its own policy.\n\n"
         "| site | pool | shards |\n|---|---|---|\n" + "\n".join(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 from dataclasses import dataclass
@@ -15,7 +16,15 @@ from insitu.config import Conf, check_job_id, load_conf, load_training, trusted_
 from insitu.federated.exchange import Exchange
 from insitu.governance.audit_service import Auditor
 from insitu.governance.identity import Identity, IdentityError, check_pool, load_identity, refuse_runtime_overrides
-from insitu.governance.policy import Decision, PolicyError, PolicyRefused, SitePolicy, decide, load_policy
+from insitu.governance.policy import (
+    Decision,
+    PolicyError,
+    PolicyRefused,
+    SitePolicy,
+    decide,
+    job_owner_refusal,
+    load_policy,
+)
 from insitu.governance.request import Action, training_sha256
 from insitu.storage import Store, store_from_env
 
@@ -105,11 +114,40 @@ def admit(ident: Identity, action: Action, job_id: str, training: str, dataset: 
     d = decide(policy, request, action=action, dataset=dataset, job_id=job_id, training=training,
                training_hash=digest, overrides=overrides,
                context={"strategy": t.strategy, "aggregator": t.aggregator, "rounds": t.rounds,
-                        "local_epochs": t.local_epochs, "ranks_per_site": t.ranks_per_site})
+                        "local_epochs": t.local_epochs, "ranks_per_site": t.ranks_per_site,
+                        "batch_size": t.batch_size})
+    first = _first_admission(ident.actor, conf, job_id)
+    d = job_owner_refusal(d, first, training)
     audit.append("policy.decision", job_id=job_id, flow_run_id=flow_run_id, training=training, **d.audit_fields())
     if not d.allowed:
         raise PolicyRefused(d)
+    if first is None:
+        _record_admission(ident.actor, conf, job_id, {"job_id": job_id, "training": training, "standing": d.standing,
+                                                      "principal": d.principal, "request": d.request})
     return d, policy
+
+
+def _admission_key(job_id: str) -> str:
+    return f"admissions/{job_id}.json"
+
+
+def _first_admission(site: str, conf: Conf, job_id: str) -> dict[str, Any] | None:
+    """What this site recorded, in its own store, when it first admitted ``job_id`` (None the first time)."""
+    store = store_from_env(conf.sites.site(site), site)
+    try:
+        with store.fs.open(store.path(_admission_key(job_id)), "rb") as f:
+            return json.loads(f.read())
+    except FileNotFoundError:
+        return None
+
+
+def _record_admission(site: str, conf: Conf, job_id: str, record: dict[str, Any]) -> None:
+    store = store_from_env(conf.sites.site(site), site)
+    path = store.path(_admission_key(job_id))
+    if store.url.startswith("file://"):
+        store.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    with store.fs.open(path, "wb") as f:
+        f.write(json.dumps(record, sort_keys=True).encode())
 
 
 def site_context(job_id: str, training: str, dataset: str, overrides: dict[str, Any] | None,

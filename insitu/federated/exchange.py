@@ -159,7 +159,11 @@ class Exchange:
 
     # ------------------------------------------------------------------ reads
     def exists(self, kind: str, name: str, writer: str | None = None) -> bool:
-        return bool(self.fs.exists(self._path(self.key(kind, name, writer))))
+        path = self._path(self.key(kind, name, writer))
+        # s3fs answers exists() from a cached listing of the parent when it has one (a ledger() or strays()
+        # listing fills it): an artefact written since would stay invisible. Always ask the store.
+        self.fs.invalidate_cache(path)
+        return bool(self.fs.exists(path))
 
     def _get_bytes(self, kind: str, name: str, writer: str | None, limit: int) -> bytes:
         """At most ``limit`` bytes of an artefact: a larger one is refused without being read whole."""
@@ -257,6 +261,8 @@ class Exchange:
             found = self.fs.find(prefix, detail=True)
         except FileNotFoundError:
             return {}
+        finally:
+            self.fs.invalidate_cache()  # do not leave a listing behind that later exists() calls would trust
         return {path[len(prefix.rstrip("/")) + 1 :]: int(info.get("size") or 0) for path, info in found.items()}
 
     def ledger(self) -> dict[str, dict[str, int]]:

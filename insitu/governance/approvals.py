@@ -28,7 +28,8 @@ def approvals_dir() -> Path | None:
 
 
 def approval_path(directory: Path, training: str, dataset: str) -> Path:
-    return directory / f"{training}--{dataset}.json"
+    # '@' is in neither name's alphabet, so no two (training, dataset) pairs share a file.
+    return directory / f"{training}@{dataset}.json"
 
 
 def save_approval(directory: Path, signed: SignedRequest) -> Path:

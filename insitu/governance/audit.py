@@ -178,8 +178,13 @@ class AuditLog:
         return bound
 
     def head(self) -> tuple[int, str] | None:
-        """``(seq, sha256)`` of the last line (what an anchor records)."""
-        return log_head(self.path)
+        """``(seq, sha256)`` of the last line (what an anchor records), read under the append lock."""
+        lock_fd = os.open(_lock_path(self.path), os.O_RDWR | os.O_CREAT, 0o640)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_SH)
+            return log_head(self.path)
+        finally:
+            os.close(lock_fd)
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one signed record and update the head file, under an exclusive lock.

@@ -56,7 +56,7 @@ class _Handler(socketserver.StreamRequestHandler):
             if req.get("op") != "head" and uid not in self.server.allowed_uids:
                 raise AuditServiceError(f"uid {uid} may not write {self.server.audit.actor}'s audit log")
             if req.get("op") == "head":  # the head is no secret: anchors publish it (and the platform polls it)
-                h = log_head(self.server.audit.path)
+                h = self.server.audit.head()
                 out: dict[str, Any] = {"head": list(h) if h else None}
             elif req.get("op") == "append" and isinstance(req.get("event"), str) \
                     and isinstance(req.get("fields"), dict):

@@ -1,7 +1,7 @@
 """Who this process is: an actor's identity, read only from the file the actor's own platform gave it.
 
 A site (or the coordinator) is started by its operator with ``INSITU_IDENTITY`` naming its identity
-file: the actor's name, role, work pool, audit log and audit key. Nothing a run's caller can set
+file: the actor's name, role, work pool, audit log and audit service (or key). Nothing a run's caller can set
 decides any of these: the site worker refuses runs that carry job variables or environment overrides
 (``deployments/worker.py``), and this module refuses a file that another OS user could have written or
 can read, and a process whose environment carries Prefect runtime overrides (``PREFECT__RUNTIME__*``,
@@ -12,7 +12,7 @@ platform an actor has no ``audit_key`` but an ``audit_socket``: its audit servic
 (``insitu.governance.audit_service``)::
 
     {"actor": "eu", "role": "site", "work_pool": "insitu-eu",
-     "audit_log": "/…/actors/eu/audit/eu.jsonl", "audit_key": "<hex>",
+     "audit_log": "/…/audit/eu/eu.jsonl", "audit_socket": "/…/audit/eu.sock",
      "policy": "/…/actors/eu/policy/policy.json", "admins": {"eu-admin": "<Ed25519 public key, hex>"}}
 
 ``admins`` is the site's root of trust for its policy: only a policy signed by one of these keys is loaded

@@ -43,6 +43,7 @@ from insitu.governance.request import (
     RequestError,
     SignedRequest,
     bounds_admit,
+    bounds_admit_effective,
     parse_signed,
 )
 
@@ -60,6 +61,7 @@ RULE_ACTION = "request.action"
 RULE_TRAINING = "request.training"
 RULE_OVERRIDES = "request.overrides"
 RULE_DEFAULT_DENY = "default-deny"
+RULE_CEDAR_ERROR = "cedar.evaluation-error"
 
 CEDAR_SCHEMA: dict[str, Any] = {
     "Insitu": {
@@ -101,6 +103,8 @@ forbid (principal, action, resource)
 when { context.standing && context.rounds > 20 };
 """
 
+
+RULE_JOB_OWNER = "request.job-owner"
 
 _SKEW = timedelta(minutes=5)
 """Clock skew tolerated on ``issued_at`` between the signer's machine and the site."""
@@ -165,6 +169,8 @@ class Decision:
     """The signed request's digest."""
     policy_version: int | None = None
     roles: list[str] = field(default_factory=list)
+    standing: bool | None = None
+    """Whether the admitted request was a standing approval (None when not verified)."""
 
     def audit_fields(self) -> dict[str, Any]:
         return {"allowed": self.allowed, "rule": self.rule, "reason": self.reason, "action": self.action,
@@ -307,7 +313,7 @@ def decide(
         return deny(RULE_TRAINING, f"the request was signed for training {req.training!r} with contents "
                     f"{req.training_sha256[:12]}…; this site's {training!r} is {training_hash[:12]}… (changed "
                     "since it was signed: sign a new request)", signed, who)
-    why = bounds_admit(req, overrides or {})
+    why = bounds_admit(req, overrides or {}) or bounds_admit_effective(req, context)
     if why:
         return deny(RULE_OVERRIDES, why, signed, who)
 
@@ -317,9 +323,12 @@ def decide(
         {"principal": f'Insitu::Principal::"{who}"', "action": f'Insitu::Action::"{action}"',
          "resource": f'Insitu::Dataset::"{dataset}"', "context": ctx},
         policy.cedar, _entities(policy, dataset))
-    if result.diagnostics.errors:
-        log.warning("Cedar evaluation errors on site %s: %s", site, result.diagnostics.errors)
     ids = _policy_ids(policy.cedar)
+    if result.diagnostics.errors:
+        # Cedar skips a policy whose evaluation errs: a failing forbid would let a permit through. Fail closed.
+        errs = "; ".join(str(getattr(e, "error", e)) for e in result.diagnostics.errors)
+        return deny(RULE_CEDAR_ERROR, f"a rule of this site's policy could not be evaluated ({errs[:300]})", signed,
+                    who)
     rules = [ids.get(r, r) for r in result.diagnostics.reasons]
     rule = ",".join(rules) or RULE_DEFAULT_DENY
     if not result.allowed:
@@ -329,9 +338,28 @@ def decide(
         return deny(rule, why, signed, who)
     return Decision(True, rule, f"site {site!r} admits {action} on dataset {dataset!r} (job {job_id}) for {who!r} "
                     f"(roles {entry.roles}, purpose {req.purpose!r}); rule {rule}", principal=who, claimed=who,
-                    request=signed.digest(), roles=list(entry.roles), **base)
+                    request=signed.digest(), roles=list(entry.roles), standing=req.standing, **base)
+
+
+def job_owner_refusal(d: Decision, first: dict[str, Any] | None, training: str) -> Decision:
+    """``d``, or a refusal when this job id was first admitted for another training configuration, or for a
+    signed job request while this is a standing approval (whose holder could otherwise overwrite a running
+    job's prepared data). ``first`` is what the site recorded when it first admitted the job."""
+    if not d.allowed or first is None:
+        return d
+    why = ""
+    if first.get("training") != training:
+        why = f"job {first.get('job_id')} was first admitted here for training {first.get('training')!r}"
+    elif first.get("standing") is False and d.standing:
+        why = (f"job {first.get('job_id')} was first admitted here for {first.get('principal')!r}'s signed job "
+               "request; a standing approval may not run under its id")
+    if not why:
+        return d
+    return Decision(False, RULE_JOB_OWNER, f"{d.reason.split(';')[0].replace('admits', 'refuses')}: {why}; "
+                    f"rule {RULE_JOB_OWNER}", d.action, d.dataset, d.principal, d.claimed, d.request,
+                    d.policy_version, d.roles, d.standing)
 
 
 __all__ = ["CEDAR_SCHEMA", "DEFAULT_CEDAR", "ROLES", "Decision", "Limits", "PolicyError", "PolicyRefused",
-           "PrincipalEntry", "SignedPolicy", "SitePolicy", "check_cedar", "decide", "load_policy",
+           "PrincipalEntry", "SignedPolicy", "SitePolicy", "check_cedar", "decide", "job_owner_refusal", "load_policy",
            "read_signed_policy", "sign_policy", "verify_policy"]

@@ -171,6 +171,19 @@ def bounds_admit(req: JobRequest, overrides: dict[str, Any]) -> str:
     return ""
 
 
+def bounds_admit_effective(req: JobRequest, effective: dict[str, Any]) -> str:
+    """For a standing approval: why the values the job will really run with (the configuration's, after
+    overrides) fall outside its bounds, or ``""``. An approval of at most 3 rounds must not run a
+    configuration's 5 just because no override was given."""
+    if not req.standing:
+        return ""
+    for k, b in req.override_bounds.items():
+        v = effective.get(k)
+        if v is not None and not b.min <= int(v) <= b.max:
+            return f"{k} = {v} (the configuration's, after overrides) is outside the approved bounds [{b.min}, {b.max}]"
+    return ""
+
+
 def mismatch(signed: SignedRequest, job_id: str, dataset: str, training: str, training_hash: str,
              overrides: dict[str, Any]) -> str:
     """Why ``signed`` cannot be used for this job as the coordinator plans it, or ``""``.
@@ -179,6 +192,12 @@ def mismatch(signed: SignedRequest, job_id: str, dataset: str, training: str, tr
     fails at once with one clear reason; the sites still decide for themselves.
     """
     req = signed.request
+    now = datetime.now(UTC)
+    if not req.issued_at - timedelta(minutes=5) <= now <= req.expires_at:
+        return (f"the request is valid from {req.issued_at:%Y-%m-%dT%H:%M:%SZ} to {req.expires_at:%Y-%m-%dT%H:%M:%SZ}"
+                " (sign a new one)")
+    if set(req.actions) != set(ACTIONS):
+        return f"a job needs prepare, train and evaluate; the request allows only {req.actions}"
     if req.job_id is not None and req.job_id != job_id:
         return f"the request was signed for job {req.job_id}, not {job_id}"
     if req.dataset != dataset:

@@ -78,7 +78,7 @@ def test_a_site_log_rolled_back_with_its_head_is_caught_by_its_anchor(deployed: 
         r = _trail(deployed)["eu"]
         assert not r.ok and "rolled back or deleted" in r.reason, r.reason  # ... but not with its anchor
         with pytest.raises(typer.Exit):
-            audit_verify(state_dir=deployed.dir, conf=deployed.conf_dir, actor=[])
+            audit_verify(state_dir=deployed.dir, conf=deployed.conf_dir, actor=[], skip_anchors=False)
     finally:
         _restore(after)
     assert _trail(deployed)["eu"].ok

@@ -129,3 +129,16 @@ def test_an_invalid_update_is_refused_by_the_site_and_rejected_by_the_coordinato
     assert reason in res.rejected["eu"] and "update/round-0000.pt of eu" in res.rejected["eu"]
     weights, man = coord.get_state("weights", round_name(1))
     assert man["sites"] == ["us"] and torch.allclose(weights["fc.bias"], torch.full((2,), 0.01))
+
+
+def test_the_coordinator_sees_an_update_written_after_it_listed_the_job(platform: Platform) -> None:
+    """s3fs answers exists() from a cached listing: the budget check's listing must not hide later updates."""
+    job = _job()
+    coord = _exchange(platform, COORDINATOR, job)
+    base = coord.put_state("weights", round_name(0), GLOBAL, round=0)["sha256"]
+    enforce_protocol(coord, site_budgets(1, 10_000), "round 0")  # lists the job's prefix
+    assert not coord.exists("update", f"{round_name(0)}.manifest.json", writer="us")
+    _exchange(platform, "us", job).put_state(
+        "update", round_name(0), {k: v + 0.01 for k, v in GLOBAL.items()}, reference=GLOBAL, round=0,
+        n_samples=300, base_sha256=base, metrics={"train_loss": 0.4}, ran_as=_ran_as("us"))
+    assert coord.exists("update", f"{round_name(0)}.manifest.json", writer="us")

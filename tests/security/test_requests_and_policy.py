@@ -124,6 +124,11 @@ def test_only_a_site_admin_can_change_a_sites_policy(deployed: Platform, signer:
         assert fr.state.is_failed() and "policy.signed-by-site-admin" in fr.state.message, fr.state.message
         (refusal,) = _decisions(deployed, "us", job_id)
         assert refusal["rule"] == "policy.signed-by-site-admin" and "'alice'" in refusal["reason"]
+        # The admin's next `apply` does not carry the planted rules over into a policy it signs.
+        planted = deployed.policy_file("us").read_text()
+        with pytest.raises(typer.Exit):
+            governance.apply(deployed, "us", "us-admin", None, None, 50)
+        assert deployed.policy_file("us").read_text() == planted
     finally:
         deployed.install_policy("us", original)
     # The site admin may: a new version that no longer admits evaluation, seen by `policy check` at once.
@@ -139,3 +144,20 @@ def test_only_a_site_admin_can_change_a_sites_policy(deployed: Platform, signer:
                                     "e2e-check", {})
     finally:
         deployed.install_policy("us", original)
+
+
+def test_a_site_scores_only_the_jobs_final_model_and_the_champion(deployed: Platform, signer: Any) -> None:
+    """A coordinator may not use a site's test rows as an oracle for weights of its choosing."""
+    job_id = f"e2e-oracle-{uuid.uuid4().hex[:6]}"
+    with get_client(sync_client=True) as client:
+        dep = client.read_deployment_by_name("site-evaluate/eu")
+        fr = client.create_flow_run_from_deployment(dep.id, parameters={
+            "job_id": job_id, "weights": ["round-0001"], "request": signer(job_id=job_id)})
+        deadline = time.monotonic() + 300
+        while not (fr := client.read_flow_run(fr.id)).state.is_final():
+            assert time.monotonic() < deadline
+            time.sleep(1)
+    assert fr.state.is_failed() and "rule evaluate.final-or-champion" in fr.state.message, fr.state.message
+    events = [e for e in read_events(deployed.audit_log("eu")) if e["fields"].get("job_id") == job_id]
+    assert [e["event"] for e in events] == ["policy.decision", "evaluate.refused"]
+    assert events[1]["fields"]["principal"] == "alice"

@@ -21,7 +21,8 @@ from insitu.governance.principals import load_private_key, new_key_pair
 from insitu.governance.request import new_request, parse_signed, sign_request
 
 HASH = "ab" * 32
-CTX = {"strategy": "ddp", "aggregator": "fedavg", "rounds": 5, "local_epochs": 1, "ranks_per_site": 2}
+CTX = {"strategy": "ddp", "aggregator": "fedavg", "rounds": 5, "local_epochs": 1, "ranks_per_site": 2,
+       "batch_size": 256}
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +130,19 @@ def test_forbid_wins_and_is_named(policy: SitePolicy, keys: Path) -> None:
     assert not d.allowed and d.rule == "request.overrides"
 
 
+def test_an_approval_bounds_what_the_job_really_runs_not_only_its_overrides(policy: SitePolicy, keys: Path) -> None:
+    approval = signed(keys, job_id=None, override_bounds={"rounds": {"min": 1, "max": 3}})
+    d = run(policy, approval, job_id="any", context={**CTX, "rounds": 5})  # the config's 5 rounds, no override
+    assert not d.allowed and d.rule == "request.overrides" and "rounds = 5" in d.reason
+
+
+def test_a_rule_that_cannot_be_evaluated_denies(policy: SitePolicy, keys: Path) -> None:
+    cedar = policy.cedar + '\n@id("overflowing")\nforbid (principal, action, resource) ' \
+        "when { context.rounds * 4611686018427387904 > 5 };"
+    d = run(policy.model_copy(update={"cedar": cedar}), signed(keys))
+    assert not d.allowed and d.rule == "cedar.evaluation-error", d.reason
+
+
 def test_a_policy_loads_only_when_signed_by_a_site_admin(policy: SitePolicy, keys: Path) -> None:
     admins = {"eu-admin": pub(keys, "eu-admin")}
     good = sign_policy(policy, "eu-admin", load_private_key(keys / "eu-admin.key"))
@@ -158,3 +172,16 @@ def test_a_request_round_trips_as_a_flow_parameter(keys: Path) -> None:
     req = signed(keys)
     assert parse_signed(req).verifies_with(pub(keys, "alice"))
     assert parse_signed(__import__("json").dumps(req)).request.principal == "alice"
+
+
+def test_a_job_id_belongs_to_the_request_that_first_ran_it(policy: SitePolicy, keys: Path) -> None:
+    from insitu.governance.policy import job_owner_refusal
+
+    first = {"job_id": "job-1", "training": "fraud", "standing": False, "principal": "alice"}
+    approval = signed(keys, job_id=None, override_bounds={"rounds": {"min": 1, "max": 10}})
+    d = job_owner_refusal(run(policy, approval), first, "fraud")
+    assert not d.allowed and d.rule == "request.job-owner" and "standing approval may not" in d.reason
+    d = job_owner_refusal(run(policy, signed(keys)), {**first, "training": "other"}, "fraud")
+    assert not d.allowed and "first admitted here for training 'other'" in d.reason
+    assert job_owner_refusal(run(policy, signed(keys)), first, "fraud").allowed  # a resumed job
+    assert job_owner_refusal(run(policy, approval), None, "fraud").allowed  # the first time
