@@ -101,6 +101,9 @@ def credentials(state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CON
     console.print(t)
     console.print("The coordinator's MLflow account (the only one that writes the registry) is held by its worker "
                   "alone and is not shown.")
+    roles = p.principal_roles()
+    console.print(f"Principals' keys (sign with --as NAME): {p.principals_dir}: "
+                  + ", ".join(f"{n} ({', '.join(r)})" for n, r in roles.items()))
 
 
 @app.command()

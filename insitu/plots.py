@@ -31,10 +31,15 @@ def pr_curve_from_histograms(pos: Sequence[float], neg: Sequence[float]) -> tupl
     return precision, tp / total_pos
 
 
-def pr_curve_figure(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], floor: int = MIN_ROWS) -> Figure:
+def pr_curve_figure(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], floor: int = MIN_ROWS,
+                    withheld: Sequence[str] = ()) -> Figure:
     """PR curves from per-class score histograms. A curve whose histograms have a bin under ``floor`` rows is
-    not drawn: a published figure would place those few rows' scores."""
+    not drawn: a published figure would place those few rows' scores. Sites that published no histogram
+    (``withheld``: too few rows of a class) are named on the figure, so that a missing curve is explained."""
     fig, ax = plt.subplots(figsize=(6, 4.5))
+    if withheld:
+        ax.text(0.02, 0.02, f"not drawn (fewer than {floor} test rows of a class): {', '.join(withheld)}",
+                transform=ax.transAxes, fontsize=8, color="dimgray")
     for label, (pos, neg) in curves.items():
         if not floored(pos, neg, floor):
             log.warning("PR curve of %s not drawn: a histogram bin holds fewer than %d rows", label, floor)

@@ -336,12 +336,16 @@ def log_figures(
     from insitu.plots import pr_curve_figure, site_metrics_figure
 
     curves = {s: (m["hist_pos"], m["hist_neg"]) for s, m in evaluated.items() if "hist_pos" in m}
+    withheld = sorted(s for s in evaluated if s not in curves)
+    if withheld:  # the figure names them too; the tag makes them searchable
+        MlflowClient().set_tag(parent_run_id, "pr_curve_withheld", ",".join(withheld))
     if curves:
         pos = np.sum([c[0] for c in curves.values()], axis=0)
         neg = np.sum([c[1] for c in curves.values()], axis=0)
-        fig = pr_curve_figure({**curves, "global": (pos, neg)})
-        MlflowClient().log_figure(parent_run_id, fig, "plots/pr_curve.png")
-        plt.close(fig)
+        curves = {**curves, "global": (pos, neg)}
+    fig = pr_curve_figure(curves, withheld=withheld)
+    MlflowClient().log_figure(parent_run_id, fig, "plots/pr_curve.png")
+    plt.close(fig)
     fig = site_metrics_figure(site_metrics, ["roc_auc", "pr_auc"])
     MlflowClient().log_figure(parent_run_id, fig, "plots/site_metrics.png")
     plt.close(fig)

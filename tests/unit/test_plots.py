@@ -25,3 +25,9 @@ def test_figures_render() -> None:
     assert fig.axes[0].get_xlabel() == "recall"
     fig2 = site_metrics_figure({"eu": {"pr_auc": 0.4, "roc_auc": 0.8}}, ["roc_auc", "pr_auc"])
     assert len(fig2.axes[0].patches) == 2
+
+
+def test_sites_without_a_histogram_are_named_on_the_pr_curve() -> None:
+    fig = pr_curve_figure({}, withheld=["eu", "us"])
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert any("eu, us" in t and "fewer than 20" in t for t in texts), texts
