@@ -168,3 +168,36 @@ def test_retrain_deployment_exposes_a_validated_parameter_form(deployed: Platfor
         assert props["rounds"]["anyOf"][0]["minimum"] == 1
         with pytest.raises(Exception, match="(?i)validation|409|parameters"):
             c.create_flow_run_from_deployment(dep.id, parameters={"params": {"rounds": 0}})
+
+
+def test_a_one_row_test_split_publishes_no_metric(deployed: Platform, job: dict[str, Any], signer: Any) -> None:
+    """eu's test split of the finished job is cut to one row; scoring it again publishes nothing about that row
+    (no loss, no positive rate, no histogram), only that it was withheld. Runs last: it rewrites eu's results."""
+    import io
+
+    from insitu.data.loader import split_files
+    from insitu.federated.rounds import round_name
+    from insitu.storage import Store
+
+    store = Store("s3://insitu-eu/", deployed.storage_options("eu", "eu"))
+    files = split_files(store, "fraud", job["job_id"], "test")
+    saved = {f: store.fs.cat(f) for f in files}
+    first = pd.read_parquet(io.BytesIO(saved[files[0]]))
+    try:
+        for i, f in enumerate(files):
+            buf = io.BytesIO()
+            (first.head(1) if i == 0 else first.head(0)).to_parquet(buf)
+            store.fs.pipe(f, buf.getvalue())
+        final = round_name(job["rounds"])
+        with get_client(sync_client=True) as c:
+            dep = c.read_deployment_by_name("site-evaluate/eu")
+            fr = c.create_flow_run_from_deployment(dep.id, parameters={
+                "job_id": job["job_id"], "weights": [final], "request": signer(job_id=job["job_id"])})
+            fr = _wait(fr.id, 300)
+        assert fr.state.is_completed(), fr.state.message
+        published = json.loads(_fs(deployed, "exchange").cat(
+            f"insitu-exchange/jobs/{job['job_id']}/metrics/eu/evaluate.json"))
+        assert published["models"][final] == {"withheld": "fewer than 20 rows"}, published["models"][final]
+    finally:
+        for f, data in saved.items():
+            store.fs.pipe(f, data)
