@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from deployments import cli_data as data
 from deployments import cli_governance as governance
 from insitu.config import ConfigError, load_conf
 from insitu.stack import COORDINATOR, REPO, Platform, PlatformError
@@ -29,6 +30,7 @@ app = typer.Typer(help="insitu: train models where the data lives.", no_args_is_
 audit_app = typer.Typer(help="Audit logs: verify the tamper-evident chains.", no_args_is_help=True)
 app.add_typer(audit_app, name="audit")
 app.add_typer(governance.policy_app, name="policy")
+app.add_typer(data.data_app, name="data")
 # Wide enough for the summary table when output is not a terminal (CI logs, `make demo | tee`).
 console = Console(width=None if sys.stdout.isatty() else 160)
 
@@ -125,6 +127,13 @@ def status(state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) ->
         t.add_row(name, str(s["pid"] or "-"), "yes" if s["running"] else "no",
                   "[green]yes[/green]" if s["healthy"] else "[red]no[/red]")
     console.print(t)
+    stores = Table("store", "URL", "endpoint", "work pool")
+    for s in p.sites.sites:
+        stores.add_row(s.name, s.storage, p.s3_endpoint(s.name) if s.storage.startswith("s3://") else "-", s.work_pool)
+    stores.add_row("exchange", p.sites.exchange.storage, p.s3_endpoint("exchange"), p.sites.coordinator.work_pool)
+    console.print(stores)
+    console.print("Put a site's own file into its store: `insitu data put FILE --site eu [--key raw/…]`; "
+                  "list it: `insitu data ls --site eu`.")
     _print_urls(p)
 
 
@@ -440,9 +449,93 @@ def audit_show(
         console.print_json(json.dumps(e))
 
 
-def main() -> None:  # pragma: no cover
+@data.data_app.command("put")
+def data_put(
+    file: Path,
+    site: Annotated[str, typer.Option(help="the site whose store receives the file")],
+    key: Annotated[str | None, typer.Option(help="where in the store (default raw/<file name>)")] = None,
+    state_dir: StateDir = DEFAULT_STATE,
+    conf: ConfDir = DEFAULT_CONF,
+) -> None:
+    """Put a file into a site's own store (with that site's keys); it never leaves the site."""
+    p = _platform(state_dir, conf)
+    data.check_site(p, site)
+    data.check_key(key or f"raw/{file.name}")
+    _require_up(p)
+    console.print(f"{file} → {data.put(p, site, file, key)}")
+
+
+@data.data_app.command("ls")
+def data_ls(
+    site: Annotated[str, typer.Option(help="the site whose store to list")],
+    prefix: Annotated[str, typer.Option(help="only keys under this prefix")] = "",
+    state_dir: StateDir = DEFAULT_STATE,
+    conf: ConfDir = DEFAULT_CONF,
+) -> None:
+    """List a site's store: keys and sizes."""
+    p = _platform(state_dir, conf)
+    data.check_site(p, site)
+    _require_up(p)
+    data.print_ls(site, data.ls(p, site, prefix))
+
+
+@app.command()
+def validate(conf: ConfDir = DEFAULT_CONF) -> None:
+    """Check every file of conf/ offline: sites.yaml, datasets.yaml and each training config with each dataset."""
+    from insitu.config import load_datasets, load_sites, load_training
+
+    problems = 0
+    t = Table("file", "result")
+
+    def check(name: str, fn: Any) -> Any:
+        nonlocal problems
+        try:
+            out = fn()
+            t.add_row(name, "[green]ok[/green]")
+            return out
+        except (ConfigError, OSError) as e:
+            problems += 1
+            t.add_row(name, f"[red]{e}[/red]")
+            return None
+
+    check("sites.yaml", lambda: load_sites(conf / "sites.yaml"))
+    datasets = check("datasets.yaml", lambda: load_datasets(conf / "datasets.yaml"))
+    for path in sorted((conf / "training").glob("*.yaml")):
+        if check(f"training/{path.name}", lambda p=path: load_training(p)) and datasets:
+            for name in datasets.datasets:
+                check(f"training/{path.name} with dataset {name}",
+                      lambda p=path, n=name: load_conf(p.stem, n, directory=conf))
+    console.print(t)
+    if problems:
+        console.print(f"[red]{problems} problem(s)[/red]")
+        raise typer.Exit(1)
+
+
+def main() -> None:  # pragma: no cover (run as a process by the tests)
+    """The ``insitu`` command: errors arrive as one clear line; ``--debug`` (anywhere) shows the traceback."""
+    import click
+
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    app()
+    debug = "--debug" in sys.argv[1:] or os.environ.get("INSITU_DEBUG") == "1"
+    if "--debug" in sys.argv[1:]:
+        sys.argv.remove("--debug")
+    try:
+        # Not standalone: click hands back a command's typer.Exit code (as the return value) and raises the rest.
+        rc = app(standalone_mode=False)
+        sys.exit(rc if isinstance(rc, int) else 0)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except Exception as e:
+        if debug:
+            raise
+        Console(stderr=True).print(f"[red]error:[/red] {type(e).__name__}: {e}  [dim](--debug for the trace)[/dim]",
+                                   soft_wrap=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,40 @@
+"""The `insitu` command as a user meets it (a real process): one-line errors, `--debug`, `validate`."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from insitu.stack import REPO
+
+
+def _insitu(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "deployments.cli", *args], capture_output=True, text=True,
+                          timeout=120, cwd=cwd, env={"PATH": "/usr/bin:/bin", "COLUMNS": "200",
+                                                     "PYTHONPATH": str(REPO)})
+
+
+def test_an_error_is_one_line_and_debug_shows_the_trace(tmp_path: Path) -> None:
+    args = ("data", "put", "/etc/hostname", "--site", "nowhere", "--state-dir", str(tmp_path / "state"))
+    r = _insitu(*args, cwd=tmp_path)
+    assert r.returncode == 1
+    out = (r.stdout + r.stderr).strip()
+    assert out.startswith("error: DataCliError: unknown site 'nowhere'") and "Traceback" not in out, out
+    assert len(out.splitlines()) == 1, out
+    r = _insitu(*args, "--debug", cwd=tmp_path)
+    assert r.returncode == 1 and "Traceback" in r.stderr
+
+
+def test_validate_checks_every_file_of_conf(tmp_path: Path) -> None:
+    conf = tmp_path / "conf"
+    shutil.copytree(REPO / "conf", conf, ignore=shutil.ignore_patterns("e2e-*"))
+    r = _insitu("validate", "--conf", str(conf), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "training/fraud_single.yaml with dataset fraud" in r.stdout
+    (conf / "training" / "broken.yaml").write_text((conf / "training" / "fraud.yaml").read_text()
+                                                   .replace("rounds: 5", "rounds: 0"))
+    r = _insitu("validate", "--conf", str(conf), cwd=tmp_path)
+    assert r.returncode == 1
+    assert "training/broken.yaml" in r.stdout and "rounds" in r.stdout and "1 problem(s)" in r.stdout, r.stdout
