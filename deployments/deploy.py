@@ -16,6 +16,7 @@ from prefect.schedules import Cron
 
 from deployments.worker_policy import COORDINATOR_FLOWS, SITE_FLOWS
 from insitu.config import SitesConfig, load_training
+from tasks.registry import ensure_registry_lock
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
@@ -48,17 +49,4 @@ def deploy_all(sites: SitesConfig, source: Path = REPO) -> list[str]:
     return names
 
 
-def ensure_registry_lock(model_name: str) -> None:
-    """The global concurrency limit that serialises gate + alias moves for one registered model."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-    from prefect.exceptions import ObjectAlreadyExists
-
-    from tasks.registry import registry_lock_name
-
-    with get_client(sync_client=True) as client:
-        try:
-            client.create_global_concurrency_limit(
-                GlobalConcurrencyLimitCreate(name=registry_lock_name(model_name), limit=1))
-        except ObjectAlreadyExists:
-            pass
+__all__ = ["deploy_all", "ensure_registry_lock"]

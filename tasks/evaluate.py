@@ -18,6 +18,7 @@ from insitu.federated.rounds import round_name
 from insitu.metrics import binary_metrics, floor_histograms, withheld
 from insitu.models.fraud_mlp import build_model
 from tasks.context import SiteContext
+from tasks.retry import retry_if_transient
 
 BINS = 100
 
@@ -47,7 +48,7 @@ def score(model: nn.Module, x: np.ndarray, y: np.ndarray, pos_weight: float, flo
     return out
 
 
-@task(retries=1, task_run_name="evaluate-{ctx.site}-{name}")
+@task(retry_condition_fn=retry_if_transient, retries=1, task_run_name="evaluate-{ctx.site}-{name}")
 def evaluate_weights(
     ctx: SiteContext, name: str, x: np.ndarray, y: np.ndarray, n_features: int, pos_weight: float
 ) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from insitu.config import ShardConfig
 from insitu.data.prepare import ShardReport, prepare_shard, summarize
 from insitu.federated.kinds import MIN_ROWS
 from tasks.context import SiteContext
+from tasks.retry import retry_if_transient
 
 # Sums over fewer rows than this would let the exchange reconstruct individual rows (the protocol's floor).
 MIN_AGGREGATE_ROWS = MIN_ROWS
@@ -20,7 +21,7 @@ MIN_AGGREGATE_ROWS = MIN_ROWS
 MAX_ERROR_CHARS = 300
 
 
-@task(retries=1, retry_delay_seconds=5, task_run_name="prepare-{ctx.site}")
+@task(retry_condition_fn=retry_if_transient, retries=1, retry_delay_seconds=5, task_run_name="prepare-{ctx.site}")
 def prepare_shards(ctx: SiteContext, shards: list[ShardConfig], job_id: str) -> dict[str, Any]:
     """One Dask task per shard on the site's scheduler; returns the site's aggregate summary."""
     logger = get_run_logger()

@@ -288,6 +288,7 @@ def gate_and_promote(
     client = MlflowClient()
     name = conf.training.registry.model_name
     gate = conf.training.gate
+    ensure_registry_lock(name)
     with concurrency(registry_lock_name(name), occupy=1, timeout_seconds=600, strict=True):
         try:
             current = client.get_model_version_by_alias(name, "champion")
@@ -324,6 +325,24 @@ def gate_and_promote(
 
 def registry_lock_name(model_name: str) -> str:
     return f"insitu-registry-{model_name}"
+
+
+def ensure_registry_lock(model_name: str) -> None:
+    """The global concurrency limit that serialises gate + alias moves for one registered model.
+
+    Created when first needed (idempotent): a new registry name in a training config must not fail a job
+    after training because nobody re-ran ``insitu deploy``.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.exceptions import ObjectAlreadyExists
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.create_global_concurrency_limit(
+                GlobalConcurrencyLimitCreate(name=registry_lock_name(model_name), limit=1))
+        except ObjectAlreadyExists:
+            pass
 
 
 @task(task_run_name="mlflow-figures")

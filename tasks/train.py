@@ -11,9 +11,11 @@ from insitu.federated.kinds import COORDINATOR
 from insitu.federated.rounds import round_name
 from insitu.parallel import CheckpointRef, DataRef, TrainSpec, train_site
 from tasks.context import SiteContext
+from tasks.retry import retry_if_transient
 
 
-@task(retries=2, retry_delay_seconds=2, task_run_name="train-{ctx.site}-round-{rnd}")
+@task(retries=2, retry_delay_seconds=2, retry_condition_fn=retry_if_transient,
+      task_run_name="train-{ctx.site}-round-{rnd}")
 def train_round(ctx: SiteContext, rnd: int, n_features: int, pos_weight: float) -> dict[str, Any]:
     """Train from the global weights of round ``rnd`` with the configured strategy; publish the update."""
     logger = get_run_logger()
