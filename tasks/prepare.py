@@ -56,6 +56,10 @@ def prepare_shards(ctx: SiteContext, shards: list[ShardConfig], job_id: str) -> 
     return publishable(reports, raw_bytes, ctx.site, max(MIN_AGGREGATE_ROWS, ctx.min_rows))
 
 
+def _top_reasons(r: ShardReport) -> str:
+    return "all rows quarantined: " + ", ".join(f"{n} × {rule}" for rule, n in r.reasons.items())
+
+
 def publishable(reports: list[ShardReport], raw_bytes: int, site: str, floor: int = MIN_AGGREGATE_ROWS
                 ) -> dict[str, Any]:
     """The site's summary as the protocol's ``stats/prepare.json`` takes it (the flow adds site and identity).
@@ -65,6 +69,10 @@ def publishable(reports: list[ShardReport], raw_bytes: int, site: str, floor: in
     ValueError
         When the train split has fewer than ``floor`` rows: its statistics would describe those rows.
     """
+    if reports and sum(r.rows_prepared for r in reports) == 0:
+        why = "; ".join(f"{r.shard}: {r.error or r.rows_read and _top_reasons(r) or 'no rows'}" for r in reports)
+        raise ValueError(f"site {site}: no row of its shards could be prepared, every one was quarantined or "
+                         f"unreadable ({why[:1500]}); the quarantine in the site's store has each row's reason")
     summary = summarize(reports)
     for shard in summary["shards"].values():
         if shard["error"] and len(shard["error"]) > MAX_ERROR_CHARS:

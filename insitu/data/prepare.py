@@ -18,7 +18,7 @@ import pandas as pd
 
 from insitu.config import SchemaConfig, ShardConfig, SplitConfig
 from insitu.data.features import assign_split, featurize
-from insitu.data.schema import validate
+from insitu.data.schema import REASON, validate
 from insitu.federated.stats import combine, partial_stats
 from insitu.storage import Store
 
@@ -40,6 +40,8 @@ class ShardReport:
     train_stats: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     quarantine_path: str | None = None
+    reasons: dict[str, int] = field(default_factory=dict)
+    """Quarantined rows per schema rule (rule names only, never values); stays on the site."""
 
 
 def prepared_prefix(dataset: str, job_id: str) -> str:
@@ -101,6 +103,8 @@ def prepare_shard(
         _parent(store, qpath)
         bad.to_parquet(store.full_url(qpath), storage_options=store.options or None, index=False)
         rep.quarantine_path = store.full_url(qpath)
+    if len(bad) and REASON in bad.columns:
+        rep.reasons = {str(k): int(v) for k, v in bad[REASON].value_counts().head(5).items()}
     rep.rows_quarantined = len(bad)
     rep.rows_prepared = len(good)
     if len(good) == 0:
@@ -126,7 +130,8 @@ def prepare_shard(
 def summarize(reports: list[ShardReport]) -> dict[str, Any]:
     """What a site may publish about its preparation: counts and aggregate statistics only."""
     return {
-        "shards": {r.shard: {k: v for k, v in asdict(r).items() if k not in ("train_stats", "shard")} for r in reports},
+        "shards": {r.shard: {k: v for k, v in asdict(r).items() if k not in ("train_stats", "shard", "reasons")}
+                   for r in reports},
         "rows_read": sum(r.rows_read for r in reports),
         "rows_prepared": sum(r.rows_prepared for r in reports),
         "rows_quarantined": sum(r.rows_quarantined for r in reports),

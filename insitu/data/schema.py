@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 import numpy as np
 import pandas as pd
 
@@ -22,7 +24,11 @@ def validate(df: pd.DataFrame, schema: SchemaConfig) -> tuple[pd.DataFrame, pd.D
     """
     missing = [c for c in schema.columns if c not in df.columns]
     if missing:
-        raise SchemaError(f"missing columns {missing}; the schema expects {list(schema.columns)}")
+        unexpected = [str(c) for c in df.columns if c not in schema.columns]
+        hints = [f"{m!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(m, unexpected, n=1))
+                 else repr(m) for m in missing]
+        raise SchemaError(f"missing columns {', '.join(hints)}; the file has unexpected columns {unexpected}; "
+                          "rename the file's columns or fix the dataset's schema in conf/datasets.yaml")
     reason = pd.Series("", index=df.index, dtype=object)
     clean: dict[str, pd.Series] = {}
 

@@ -118,8 +118,32 @@ def test_other_faults(schema: SchemaConfig) -> None:
 
 def test_missing_column_raises(schema: SchemaConfig) -> None:
     df = generate("eu", 10, seed=0).drop(columns=["device"])
-    with pytest.raises(SchemaError, match=r"missing columns \['device'\]"):
+    with pytest.raises(SchemaError, match=r"missing columns 'device'; the file has unexpected columns \[\]"):
         validate(df, schema)
+
+
+def test_a_misspelt_column_gets_a_did_you_mean(schema: SchemaConfig) -> None:
+    df = generate("eu", 10, seed=0).rename(columns={"amount": "amout"})
+    with pytest.raises(SchemaError, match=r"missing columns 'amount' \(did you mean 'amout'\?\).*conf/datasets.yaml"):
+        validate(df, schema)
+
+
+def test_a_shard_whose_every_row_is_quarantined_fails_its_site_with_the_rules(
+    tmp_path: Path, conf: Conf, schema: SchemaConfig
+) -> None:
+    from tasks.prepare import publishable
+
+    _premake_dirs(tmp_path)
+    shard = conf.dataset.shard("eu-000")
+    (tmp_path / "raw/fraud").mkdir(parents=True)
+    generate("eu", 50, seed=0).assign(amount="n/a").to_parquet(tmp_path / shard.path, index=False)
+    rep = prepare_shard(Store("file://" + str(tmp_path) + "/", {}), shard, schema, conf.training.split, 7, DATASET,
+                        JOB)
+    assert rep.reasons == {"amount: not a number": 50} and rep.rows_prepared == 0
+    with pytest.raises(ValueError, match=r"no row of its shards could be prepared.*eu-000: all rows quarantined: "
+                                         r"50 × amount: not a number"):
+        publishable([rep], 0, "eu")
+    assert "reasons" not in summarize([rep])["shards"]["eu-000"]  # the rules stay on the site
 
 
 # --------------------------------------------------------------------------- features and splits
