@@ -259,6 +259,8 @@ class ColumnSpec(_Strict):
     max: float | None = None
     values: list[str] | None = None
     nullable: bool = False
+    transform: Literal["none", "log1p"] = Field(
+        "none", description="feature transform, declared (never implicit): log1p for heavy-tailed non-negatives")
 
     @model_validator(mode="after")
     def _values(self) -> ColumnSpec:
@@ -268,6 +270,9 @@ class ColumnSpec(_Strict):
             raise ValueError("'values' is only allowed for type: category")
         if self.min is not None and self.max is not None and self.min > self.max:
             raise ValueError(f"min ({self.min}) is greater than max ({self.max})")
+        if self.transform == "log1p" and (self.type not in ("float", "int") or self.min is None or self.min < 0):
+            raise ValueError("transform: log1p needs a float or int column with min >= 0 (log1p of a value below "
+                             "-1 is undefined); set min: 0 or use transform: none")
         return self
 
 

@@ -21,8 +21,9 @@ def feature_names(schema: SchemaConfig) -> list[str]:
 def featurize(df: pd.DataFrame, schema: SchemaConfig) -> tuple[np.ndarray, np.ndarray]:
     """Features ``X`` (float32) and labels ``y`` (float32) from validated rows.
 
-    Non-negative floats (amounts, ages) are log-scaled because they are heavy-tailed; categories are
-    one-hot over the schema's fixed vocabulary; global standardisation happens in the model.
+    A numeric column is transformed only as its schema declares (``transform: log1p`` for heavy-tailed
+    non-negatives such as amounts; ``none`` by default); categories are one-hot over the schema's fixed
+    vocabulary; global standardisation happens in the model.
     """
     cols: list[np.ndarray] = []
     for name, spec in schema.feature_columns.items():
@@ -30,10 +31,10 @@ def featurize(df: pd.DataFrame, schema: SchemaConfig) -> tuple[np.ndarray, np.nd
         if spec.type == "category":
             s = v.astype(str).to_numpy()
             cols += [(s == cat).astype(np.float32) for cat in spec.values or []]
-        elif spec.type == "float":
+        elif spec.type in ("float", "int"):
             x = v.to_numpy(dtype=np.float64)
-            cols.append(np.log1p(x) if spec.min is not None and spec.min >= 0 else x)
-        elif spec.type in ("int", "bool"):
+            cols.append(np.log1p(x) if spec.transform == "log1p" else x)
+        elif spec.type == "bool":
             cols.append(v.to_numpy(dtype=np.float64))
     x = np.stack(cols, axis=1).astype(np.float32) if len(df) else np.zeros((0, len(feature_names(schema))), np.float32)
     y = df[schema.label].to_numpy(dtype=np.float32)

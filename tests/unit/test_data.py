@@ -294,3 +294,18 @@ def test_prepare_shard_on_fresh_file_store(tmp_path: Path, conf: Conf, schema: S
     store = Store("file://" + str(tmp_path) + "/", {})
     rep = prepare_shard(store, shard, schema, conf.training.split, 7, DATASET, JOB)
     assert rep.rows_prepared == 95
+
+
+def test_a_numeric_column_is_transformed_only_as_its_schema_declares(schema: SchemaConfig) -> None:
+    from insitu.config import ColumnSpec, ConfigError  # noqa: F401  (ConfigError: the loader's wrapper)
+
+    df = generate("eu", 5, seed=0)
+    declared = schema.model_copy(update={"columns": {**schema.columns}})
+    x_log, _ = featurize(df, declared)
+    plain = {**schema.columns, "amount": schema.columns["amount"].model_copy(update={"transform": "none"})}
+    x_raw, _ = featurize(df, schema.model_copy(update={"columns": plain}))
+    i = feature_names(schema).index("amount")
+    assert np.allclose(x_log[:, i], np.log1p(df["amount"].to_numpy()), rtol=1e-5)
+    assert np.allclose(x_raw[:, i], df["amount"].to_numpy(), rtol=1e-5)
+    with pytest.raises(ValueError, match="log1p needs a float or int column with min >= 0"):
+        ColumnSpec(type="float", min=-5.0, transform="log1p")
