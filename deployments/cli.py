@@ -482,6 +482,8 @@ def data_ls(
 @app.command()
 def validate(conf: ConfDir = DEFAULT_CONF) -> None:
     """Check every file of conf/ offline: sites.yaml, datasets.yaml and each training config with each dataset."""
+    import yaml
+
     from insitu.config import load_datasets, load_sites, load_training
 
     problems = 0
@@ -499,10 +501,14 @@ def validate(conf: ConfDir = DEFAULT_CONF) -> None:
             return None
 
     check("sites.yaml", lambda: load_sites(conf / "sites.yaml"))
-    datasets = check("datasets.yaml", lambda: load_datasets(conf / "datasets.yaml"))
+    check("datasets.yaml", lambda: load_datasets(conf / "datasets.yaml"))
+    try:  # each dataset on its own too: a broken entry blocks only the jobs that name it
+        names = sorted((yaml.safe_load((conf / "datasets.yaml").read_text()) or {}).get("datasets") or {})
+    except (OSError, yaml.YAMLError, AttributeError):
+        names = []
     for path in sorted((conf / "training").glob("*.yaml")):
-        if check(f"training/{path.name}", lambda p=path: load_training(p)) and datasets:
-            for name in datasets.datasets:
+        if check(f"training/{path.name}", lambda p=path: load_training(p)):
+            for name in names:
                 check(f"training/{path.name} with dataset {name}",
                       lambda p=path, n=name: load_conf(p.stem, n, directory=conf))
     console.print(t)

@@ -617,8 +617,20 @@ def load_sites(path: str | os.PathLike[str] | None = None) -> SitesConfig:
     return _load(SitesConfig, Path(path) if path else conf_dir() / "sites.yaml")
 
 
-def load_datasets(path: str | os.PathLike[str] | None = None) -> DatasetsConfig:
-    return _load(DatasetsConfig, Path(path) if path else conf_dir() / "datasets.yaml")
+def load_datasets(path: str | os.PathLike[str] | None = None, only: str | None = None) -> DatasetsConfig:
+    """``datasets.yaml``; with ``only``, just that dataset is validated (when it is defined), so that a broken
+    entry of another dataset does not stop a job on this one (``insitu validate`` checks them all)."""
+    p = Path(path) if path else conf_dir() / "datasets.yaml"
+    if only is None:
+        return _load(DatasetsConfig, p)
+    raw = _read_yaml(p)
+    entries = raw.get("datasets") if isinstance(raw, dict) else None
+    if isinstance(entries, dict) and only in entries:
+        raw = {**raw, "datasets": {only: entries[only]}}
+    try:
+        return DatasetsConfig.model_validate(raw)
+    except ValidationError as e:
+        raise _explain(p, e, DatasetsConfig) from None
 
 
 def load_training(path: str | os.PathLike[str]) -> TrainingConfig:
@@ -707,7 +719,7 @@ def load_conf(
         if not tpath.is_absolute() and not tpath.exists() and (d.parent / tpath).exists():
             tpath = d.parent / tpath
     sites = load_sites(d / "sites.yaml")
-    datasets = load_datasets(d / "datasets.yaml")
+    datasets = load_datasets(d / "datasets.yaml", only=dataset if isinstance(dataset, str) else None)
     if overrides:
         raw = _read_yaml(tpath)
         raw.update({k: v for k, v in overrides.items() if v is not None})

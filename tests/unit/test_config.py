@@ -16,6 +16,7 @@ from insitu.config import (
     ConfLoader,
     check_job_id,
     load_conf,
+    load_datasets,
     load_training,
     trusted_training,
 )
@@ -644,9 +645,12 @@ def test_a_dataset_is_named_by_a_plain_key_of_datasets_yaml(dataset: str) -> Non
 
 def test_a_dataset_key_that_no_run_could_name_is_refused(conf_copy: Path) -> None:
     _edit(DATASETS, lambda d: d["datasets"].update({"fraud/eu": d["datasets"]["fraud"]}))(conf_copy)
-    msg = _load_error(conf_copy)
+    with pytest.raises(ConfigError) as info:  # the whole file, as `insitu validate` reads it
+        load_datasets(conf_copy / DATASETS)
+    msg = str(info.value)
     assert f"{conf_copy / DATASETS}: key 'datasets': dataset 'fraud/eu' is not a plain name" in msg
     assert "rename it" in msg
+    assert load_conf("fraud", "fraud", directory=conf_copy)  # a job on another dataset is not blocked
 
 
 def test_check_job_id() -> None:
@@ -659,3 +663,17 @@ def test_check_job_id() -> None:
     with pytest.raises(ValueError) as info:
         check_job_id("y" * 5000)
     assert "y" * 50 not in str(info.value)
+
+
+def test_one_broken_dataset_does_not_block_a_job_on_another(conf_copy: Path) -> None:
+    path = conf_copy / "datasets.yaml"
+    raw = yaml.safe_load(path.read_text())
+    raw["datasets"]["claims"] = {"schema": {"id": "claim_id", "label": "fraud", "columns": {
+        "claim_id": {"type": "string"}, "fraud": {"type": "bool"}, "cost": {"type": "money"}}},
+        "shards": [{"id": "c-0", "site": "eu", "path": "raw/claims.parquet"}]}
+    path.write_text(yaml.safe_dump(raw))
+    assert load_conf("fraud", "fraud", directory=conf_copy).dataset_name == "fraud"
+    with pytest.raises(ConfigError, match=r"key 'datasets.claims.schema.columns.cost.type'"):
+        load_conf("fraud", "claims", directory=conf_copy)
+    with pytest.raises(ConfigError, match=r"datasets.claims"):  # the whole file, as `insitu validate` checks it
+        load_datasets(path)
