@@ -305,7 +305,7 @@ def _run_and_follow(p: Platform, training: str, dataset: str, rounds: int | None
 
 
 def _print_summary(s: dict[str, Any]) -> None:
-    from insitu.summary import SUMMARY_COLUMNS, identity_lines, summary_rows
+    from insitu.summary import SUMMARY_COLUMNS, identity_lines, summary_rows, withheld_line
 
     t = Table(title=f"insitu job {s['job_id']} — {s['rounds']} federated rounds", show_lines=False)
     for col in SUMMARY_COLUMNS:
@@ -322,6 +322,8 @@ def _print_summary(s: dict[str, Any]) -> None:
                       f"{gate['reason']} (champion: v{gate['champion']})")
     for line in identity_lines(s):
         console.print(f"ran as — {line}")
+    if (line := withheld_line(s)) is not None:
+        console.print(line)
     console.print(f"bytes that crossed a border: {s['bytes_crossed']:,} (model weights, updates, aggregate "
                   f"statistics, metrics); raw data that stayed in its region: {s['raw_bytes']:,} bytes; rows moved: 0")
 

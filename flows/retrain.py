@@ -23,7 +23,7 @@ from insitu.governance.audit_service import Auditor
 from insitu.governance.request import RequestError, SignedRequest, mismatch, parse_signed, training_sha256
 from insitu.metrics import weighted_global
 from insitu.storage import store_from_env
-from insitu.summary import collect_identities, job_summary, summary_markdown
+from insitu.summary import collect_identities, job_summary, summary_markdown, withheld_by_floor
 from tasks.anchoring import countersign
 from tasks.context import actor_identity, ran_as
 from tasks.dispatch import failed, run_states, start_site_runs, wait_for_runs
@@ -185,8 +185,12 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
     countersign(audit, ex.store, sites, job_id)
 
     identities = collect_identities(ex, ran_as(ident), sites, eval_sites, t.rounds)
+    withheld = withheld_by_floor(evaluated, final)
+    for what, left_out in withheld.items():
+        if left_out:
+            logger.warning("the row floor left %s out of the %s", left_out, what)
     summary = job_summary(job_id, conf, stats["per_site"], rounds, site_metrics, global_metrics, reg, ex.ledger(),
-                          started, identities)
+                          started, identities, withheld)
     ex.put_json("summary", "summary.json", summary)
     create_markdown_artifact(key="retrain-summary", markdown=summary_markdown(summary),
                              description=f"insitu job {job_id}")

@@ -21,8 +21,10 @@ def job_summary(
     ledger: dict[str, dict[str, int]],
     started: datetime,
     identities: dict[str, dict[str, Any]] | None = None,
+    withheld: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
-    """A JSON-able summary. ``ledger`` is the exchange's bytes per writer and kind."""
+    """A JSON-able summary. ``ledger`` is the exchange's bytes per writer and kind; ``withheld`` names, per
+    statistic or plot, the sites the row floor left out of it."""
     sites = {}
     for s, p in prepare.items():
         sites[s] = {
@@ -53,7 +55,20 @@ def job_summary(
         "ran_as": identities or {},
         "started": started.isoformat(),
         "finished": datetime.now(UTC).isoformat(),
+        "withheld": {k: sorted(v) for k, v in (withheld or {}).items() if v},
     }
+
+
+def withheld_by_floor(evaluated: dict[str, dict[str, Any]], model: str) -> dict[str, list[str]]:
+    """Which sites the row floor left out of the job's test metrics and of its PR curve (for ``model``)."""
+    return {"test metrics": sorted(s for s, m in evaluated.items() if "withheld" in m.get(model, {})),
+            "PR curve": sorted(s for s, m in evaluated.items() if "hist_pos" not in m.get(model, {}))}
+
+
+def withheld_line(summary: dict[str, Any]) -> str | None:
+    """One sentence for the CLI, or None when no site was left out."""
+    parts = [f"{what}: {', '.join(sites)}" for what, sites in summary.get("withheld", {}).items() if sites]
+    return ("left out by the row floor (too few rows to publish) — " + "; ".join(parts)) if parts else None
 
 
 def collect_identities(
@@ -132,4 +147,6 @@ def summary_markdown(s: dict[str, Any]) -> str:
         "",
         *(f"- {line}" for line in identity_lines(s)),
     ]
+    if (line := withheld_line(s)) is not None:
+        lines += ["", line]
     return "\n".join(lines)

@@ -307,6 +307,7 @@ class Summary(Doc):
                       Field(max_length=MAX_SITES + 1)]
     started: Timestamp
     finished: Timestamp
+    withheld: Annotated[dict[Label, Annotated[list[Site], Field(max_length=MAX_SITES)]], Field(max_length=4)] = {}
 
 
 # ------------------------------------------------------------------ control (coordinator)

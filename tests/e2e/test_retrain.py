@@ -95,7 +95,11 @@ def test_model_registered_with_challenger_alias_and_metrics(deployed: Platform, 
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert {"plots/pr_curve.png", "plots/site_metrics.png"} <= artifacts
     # A site with too few test rows of a class publishes no histogram; the run says which (the e2e data is small).
-    assert set(filter(None, run.data.tags.get("pr_curve_withheld", "").split(","))) <= {"eu", "us", "apac"}
+    left_out = set(filter(None, run.data.tags.get("pr_curve_withheld", "").split(",")))
+    assert left_out <= {"eu", "us", "apac"}
+    summary = json.loads(_fs(deployed, "exchange").cat(
+        f"insitu-exchange/jobs/{job['job_id']}/summary/coordinator/summary.json"))
+    assert set(summary["withheld"].get("PR curve", [])) == left_out  # the summary names them too
     assert run.data.params["strategy"] == "ddp" and run.data.params["ranks_per_site"] == "2"
     assert any(k.startswith("system/") for k in run.data.metrics), sorted(run.data.metrics)
     children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")

@@ -60,3 +60,16 @@ def test_the_summary_says_which_identity_ran_each_step(tmp_path: Path) -> None:
     lines = identity_lines({"ran_as": from_json})
     assert lines[1] == ("eu: prepare as insitu-eu on pool insitu-eu; train as insitu-eu on pool insitu-eu; "
                         "evaluate as insitu-eu on pool insitu-eu")
+
+
+def test_sites_left_out_by_the_row_floor_are_named() -> None:
+    from insitu.summary import withheld_by_floor, withheld_line
+
+    evaluated = {"eu": {"round-0005": {"roc_auc": 0.8, "hist_pos": [20], "hist_neg": [40]}},
+                 "us": {"round-0005": {"roc_auc": 0.7}},
+                 "apac": {"round-0005": {"withheld": "fewer than 20 rows"}}}
+    w = withheld_by_floor(evaluated, "round-0005")
+    assert w == {"test metrics": ["apac"], "PR curve": ["apac", "us"]}
+    line = withheld_line({"withheld": w})
+    assert line is not None and "test metrics: apac" in line and "PR curve: apac, us" in line
+    assert withheld_line({"withheld": {"PR curve": []}}) is None
