@@ -96,7 +96,7 @@ def check(p: Platform, site: str, action: str, request_file: Path | None, as_: s
           dataset: str, purpose: str, job_id: str, overrides: dict[str, int]) -> bool:
     """What ``site`` would decide for a request (a file, or one signed now as ``--as``), without running it."""
     from insitu.config import load_conf, load_training, trusted_training
-    from insitu.governance.policy import decide, verify_policy
+    from insitu.governance.policy import decide, job_context, verify_policy
     from insitu.governance.request import training_sha256
 
     signed_policy = _policy(p, site)
@@ -115,13 +115,9 @@ def check(p: Platform, site: str, action: str, request_file: Path | None, as_: s
     training = req["request"]["training"]
     conf = load_conf(trusted_training(training, p.conf_dir), req["request"]["dataset"], directory=p.conf_dir,
                      overrides=overrides or req["request"]["overrides"] or None)
-    t = conf.training
     d = decide(policy, req, action=action, dataset=req["request"]["dataset"], job_id=req["request"]["job_id"] or job_id,
                training=training, training_hash=training_sha256(load_training(trusted_training(training, p.conf_dir))),
-               overrides=overrides or req["request"]["overrides"],
-               context={"strategy": t.strategy, "aggregator": t.aggregator, "rounds": t.rounds,
-                        "local_epochs": t.local_epochs, "ranks_per_site": t.ranks_per_site,
-                        "batch_size": t.batch_size})
+               overrides=overrides or req["request"]["overrides"], context=job_context(conf.training))
     colour = "green" if d.allowed else "red"
     console.print(f"[{colour}]{'ALLOW' if d.allowed else 'DENY'}[/{colour}] rule {d.rule}: {d.reason}")
     return d.allowed

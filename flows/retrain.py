@@ -20,7 +20,14 @@ from insitu.federated.exchange import Exchange
 from insitu.federated.rounds import round_name
 from insitu.governance.approvals import approvals_dir, find_approval
 from insitu.governance.audit_service import Auditor
-from insitu.governance.request import RequestError, SignedRequest, mismatch, parse_signed, training_sha256
+from insitu.governance.request import (
+    ACTIONS,
+    RequestError,
+    SignedRequest,
+    parse_signed,
+    scope_refusal,
+    training_sha256,
+)
 from insitu.metrics import weighted_global
 from insitu.storage import store_from_env
 from insitu.summary import collect_identities, job_summary, summary_markdown, withheld_by_floor
@@ -215,9 +222,10 @@ def job_request(params: RetrainParams, job_id: str, overrides: dict[str, Any], a
                     f"approve it for scheduled and UI runs with `insitu approve --as NAME --training "
                     f"{params.training} --dataset {params.dataset} --purpose …`")
         digest = training_sha256(load_training(trusted_training(params.training)))
-        why = mismatch(signed, job_id, params.dataset, params.training, digest, overrides)
-        if why:
-            raise RequestError(f"the job's request does not cover this run: {why}")
+        refusal = scope_refusal(signed.request, job_id=job_id, dataset=params.dataset, actions=ACTIONS,
+                                training=params.training, training_hash=digest, overrides=overrides)
+        if refusal:
+            raise RequestError(f"the job's request does not cover this run: {refusal[1]}; rule {refusal[0]}")
     except RequestError as e:
         audit.append("job.refused", job_id=job_id, flow_run_id=fr_id, rule="request.matches-job", reason=str(e))
         raise

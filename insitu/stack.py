@@ -38,7 +38,7 @@ import psutil
 
 from insitu.config import SitesConfig, load_sites
 from insitu.governance.approvals import ENV_APPROVALS
-from insitu.governance.identity import ENV_IDENTITY, Identity
+from insitu.governance.identity import ENV_IDENTITY, Identity, write_private
 from insitu.stack_users import (
     Account,
     can_isolate,
@@ -223,15 +223,7 @@ class Platform:
             d = make_private_dir(self.audit_dir / actor, acct, 0o700)
             spec = {"actor": actor, "log": str(self.audit_log(actor)), "key": self.audit_key(actor).hex(),
                     "socket": str(self.audit_socket(actor)), "allowed_uids": [self.account(actor).uid]}
-            cfg = d / "service.json"
-            tmp = cfg.with_name("service.json.tmp")
-            tmp.unlink(missing_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as f:
-                if os.geteuid() == 0:
-                    os.fchown(f.fileno(), acct.uid, acct.gid)
-                f.write(json.dumps(spec))
-            os.replace(tmp, cfg)
+            write_private(d / "service.json", json.dumps(spec), *((acct.uid, acct.gid) if os.geteuid() == 0 else ()))
 
     def _audit_components(self) -> list[Component]:
         from insitu.governance.audit_service import AuditClient

@@ -10,12 +10,11 @@ link points to, this process can only write what the actor could write anyway.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from insitu.governance.identity import Identity, write_identity
+from insitu.governance.identity import Identity, write_identity, write_private
 
 SUBDIRS = ("tmp", "tmp/matplotlib", "prefect", "dask", "policy")
 
@@ -41,13 +40,7 @@ def install_policy(path: Path, signed_policy: str, replace: bool) -> bool:
     """
     if path.exists() and not replace:
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(signed_policy)
-    os.replace(tmp, path)
+    write_private(path, signed_policy)
     return True
 
 

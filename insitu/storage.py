@@ -39,6 +39,14 @@ class Store:
     def full_url(self, relative: str) -> str:
         return self.url.rstrip("/") + "/" + relative.lstrip("/")
 
+    def write_bytes(self, relative: str, data: bytes) -> None:
+        """Write one object (creating its folder on stores that have folders; object stores have none)."""
+        fs, path = self.fs, self.path(relative)
+        if self.url.startswith("file://"):
+            fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        with fs.open(path, "wb") as f:
+            f.write(data)
+
 
 def store_from_env(ref: StorageRef, owner: str, env: dict[str, str] | None = None) -> Store:
     """Open ``ref`` with the endpoint and keys found in this process's environment.

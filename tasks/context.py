@@ -22,6 +22,7 @@ from insitu.governance.policy import (
     PolicyRefused,
     SitePolicy,
     decide,
+    job_context,
     job_owner_refusal,
     load_policy,
 )
@@ -91,7 +92,7 @@ def actor_identity(role: str, job_id: str | None) -> tuple[Identity, str | None]
 
 
 def admit(ident: Identity, action: Action, job_id: str, training: str, dataset: str,
-          overrides: dict[str, Any] | None, request: dict[str, Any] | None, conf: Conf,
+          overrides: dict[str, Any] | None, request: dict[str, Any] | None, conf: Conf, store: Store,
           flow_run_id: str | None) -> tuple[Decision, SitePolicy]:
     """Decide the run's signed request with this site's own policy; audit the decision either way.
 
@@ -109,21 +110,18 @@ def admit(ident: Identity, action: Action, job_id: str, training: str, dataset: 
         audit.append("policy.refused", job_id=job_id, flow_run_id=flow_run_id, action=action, dataset=dataset,
                      rule="policy.signed-by-site-admin", reason=str(e))
         raise
-    t = conf.training
     digest = training_sha256(load_training(trusted_training(training)))
     d = decide(policy, request, action=action, dataset=dataset, job_id=job_id, training=training,
-               training_hash=digest, overrides=overrides,
-               context={"strategy": t.strategy, "aggregator": t.aggregator, "rounds": t.rounds,
-                        "local_epochs": t.local_epochs, "ranks_per_site": t.ranks_per_site,
-                        "batch_size": t.batch_size})
-    first = _first_admission(ident.actor, conf, job_id)
+               training_hash=digest, overrides=overrides, context=job_context(conf.training))
+    first = _first_admission(store, job_id)
     d = job_owner_refusal(d, first, training)
     audit.append("policy.decision", job_id=job_id, flow_run_id=flow_run_id, training=training, **d.audit_fields())
     if not d.allowed:
         raise PolicyRefused(d)
     if first is None:
-        _record_admission(ident.actor, conf, job_id, {"job_id": job_id, "training": training, "standing": d.standing,
-                                                      "principal": d.principal, "request": d.request})
+        record = {"job_id": job_id, "training": training, "standing": d.standing, "principal": d.principal,
+                  "request": d.request}
+        store.write_bytes(_admission_key(job_id), json.dumps(record, sort_keys=True).encode())
     return d, policy
 
 
@@ -131,23 +129,13 @@ def _admission_key(job_id: str) -> str:
     return f"admissions/{job_id}.json"
 
 
-def _first_admission(site: str, conf: Conf, job_id: str) -> dict[str, Any] | None:
+def _first_admission(store: Store, job_id: str) -> dict[str, Any] | None:
     """What this site recorded, in its own store, when it first admitted ``job_id`` (None the first time)."""
-    store = store_from_env(conf.sites.site(site), site)
     try:
         with store.fs.open(store.path(_admission_key(job_id)), "rb") as f:
             return json.loads(f.read())
     except FileNotFoundError:
         return None
-
-
-def _record_admission(site: str, conf: Conf, job_id: str, record: dict[str, Any]) -> None:
-    store = store_from_env(conf.sites.site(site), site)
-    path = store.path(_admission_key(job_id))
-    if store.url.startswith("file://"):
-        store.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    with store.fs.open(path, "wb") as f:
-        f.write(json.dumps(record, sort_keys=True).encode())
 
 
 def site_context(job_id: str, training: str, dataset: str, overrides: dict[str, Any] | None,
@@ -165,12 +153,13 @@ def site_context(job_id: str, training: str, dataset: str, overrides: dict[str, 
     if cfg.work_pool != ident.work_pool:
         raise IdentityError(f"conf/sites.yaml puts site {site!r} on pool {cfg.work_pool!r} but this worker serves "
                             f"{ident.work_pool!r}: fix sites.yaml or the site's identity file {ident.path}")
-    decision, policy = admit(ident, action, job_id, training, dataset, overrides, request, conf, fr_id)
+    store = store_from_env(cfg, site)
+    decision, policy = admit(ident, action, job_id, training, dataset, overrides, request, conf, store, fr_id)
     logger.info("site=%s pool=%s flow_run=%s: %s", site, ident.work_pool, fr_id, decision.reason)
     return SiteContext(
         site=site,
         conf=conf,
-        store=store_from_env(cfg, site),
+        store=store,
         exchange=Exchange(store_from_env(conf.sites.exchange, "exchange"), job_id, writer=site),
         audit=ident.audit().with_fields(principal=decision.principal),
         flow_run_id=fr_id,

@@ -89,10 +89,7 @@ class Exchange:
     def _put_bytes(self, kind: str, name: str, data: bytes) -> str:
         """Write bytes that were already checked against the protocol (private: callers use the typed writers)."""
         key = self.key(kind, name)
-        if self.store.url.startswith("file://"):  # object stores have no directories to create
-            self.fs.makedirs(self._path(key).rsplit("/", 1)[0], exist_ok=True)
-        with self.fs.open(self._path(key), "wb") as f:
-            f.write(data)
+        self.store.write_bytes(key, data)
         return key
 
     def _encode(self, kind: str, name: str, obj: Any) -> bytes:

@@ -24,7 +24,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from insitu.governance.audit import log_head
 from insitu.storage import Store
 
 PREFIX = "anchors"
@@ -41,8 +40,6 @@ class Anchor:
     where: str = ""
 
 
-head = log_head
-"""``(seq, sha256)`` of a log's last line (None for an empty or missing log)."""
 
 
 def anchor_key(actor: str, seq: int, sha256: str) -> str:
@@ -53,10 +50,7 @@ def publish(store: Store, actor: str, seq: int, sha256: str, **details: Any) -> 
     """Write one anchor object (a new key every time: anchors are never overwritten or deleted)."""
     key = anchor_key(actor, seq, sha256)
     body = {"actor": actor, "seq": seq, "sha256": sha256, "anchored_at": datetime.now(UTC).isoformat(), **details}
-    if store.url.startswith("file://"):  # object stores have no directories to create
-        store.fs.makedirs(store.path(key).rsplit("/", 1)[0], exist_ok=True)
-    with store.fs.open(store.path(key), "wb") as f:
-        f.write(json.dumps(body, sort_keys=True).encode())
+    store.write_bytes(key, json.dumps(body, sort_keys=True).encode())
     return key
 
 

@@ -109,19 +109,27 @@ class Identity:
         return json.dumps(out, indent=2)
 
 
-def write_identity(path: Path, identity: Identity, uid: int | None = None, gid: int | None = None) -> None:
-    """Write ``identity`` to ``path`` owner-only (0600), owned by ``uid``/``gid`` when given (platform use)."""
+def write_private(path: Path, text: str, uid: int | None = None, gid: int | None = None) -> None:
+    """Replace ``path`` with ``text``, owner-only (0600), owned by ``uid``/``gid`` when given (platform use).
+
+    Written to a fresh file, never one that is already there, then renamed over ``path``: a symbolic link
+    planted at either name is replaced, not followed.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    # A fresh file, never one that is already there: a planted symbolic link is removed, not followed.
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         os.fchmod(f.fileno(), 0o600)
         if uid is not None:
             os.fchown(f.fileno(), uid, gid if gid is not None else -1)
-        f.write(identity.to_json())
+        f.write(text)
     os.replace(tmp, path)
+
+
+def write_identity(path: Path, identity: Identity, uid: int | None = None, gid: int | None = None) -> None:
+    """Write ``identity`` to ``path`` owner-only (see :func:`write_private`)."""
+    write_private(path, identity.to_json(), uid, gid)
 
 
 def load_identity(env: Mapping[str, str] | None = None) -> Identity:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -42,9 +42,8 @@ from insitu.governance.request import (
     Action,
     RequestError,
     SignedRequest,
-    bounds_admit,
-    bounds_admit_effective,
     parse_signed,
+    scope_refusal,
 )
 
 log = logging.getLogger(__name__)
@@ -54,12 +53,6 @@ RULE_NO_REQUEST = "request.present"
 RULE_MALFORMED = "request.well-formed"
 RULE_UNKNOWN_PRINCIPAL = "request.known-principal"
 RULE_SIGNATURE = "request.signature"
-RULE_EXPIRED = "request.not-expired"
-RULE_JOB = "request.job"
-RULE_DATASET = "request.dataset"
-RULE_ACTION = "request.action"
-RULE_TRAINING = "request.training"
-RULE_OVERRIDES = "request.overrides"
 RULE_DEFAULT_DENY = "default-deny"
 RULE_CEDAR_ERROR = "cedar.evaluation-error"
 
@@ -106,8 +99,6 @@ when { context.standing && context.rounds > 20 };
 
 RULE_JOB_OWNER = "request.job-owner"
 
-_SKEW = timedelta(minutes=5)
-"""Clock skew tolerated on ``issued_at`` between the signer's machine and the site."""
 
 
 class PolicyError(PermissionError):
@@ -256,6 +247,14 @@ def _policy_ids(cedar: str) -> dict[str, str]:
     return {pid: (p.get("annotations") or {}).get("id", pid) for pid, p in parsed.get("staticPolicies", {}).items()}
 
 
+def job_context(training: Any) -> dict[str, Any]:
+    """What a job will really run with (a :class:`insitu.config.TrainingConfig`, overrides applied), as
+    :func:`decide` takes it: the Cedar context's attributes and the values a standing approval bounds."""
+    return {"strategy": training.strategy, "aggregator": training.aggregator, "rounds": training.rounds,
+            "local_epochs": training.local_epochs, "ranks_per_site": training.ranks_per_site,
+            "batch_size": training.batch_size}
+
+
 def decide(
     policy: SitePolicy,
     request: Any,
@@ -299,23 +298,10 @@ def decide(
         return deny(RULE_SIGNATURE, f"the signature does not verify with {req.principal!r}'s key "
                     f"{key_id(entry.public_key)} (altered, or signed by someone else)", signed)
     who = req.principal
-    now = now or datetime.now(UTC)
-    if not req.issued_at - _SKEW <= now <= req.expires_at:
-        return deny(RULE_EXPIRED, f"the request is valid from {req.issued_at:%Y-%m-%dT%H:%M:%SZ} to "
-                    f"{req.expires_at:%Y-%m-%dT%H:%M:%SZ}; now is {now:%Y-%m-%dT%H:%M:%SZ}", signed, who)
-    if req.job_id is not None and req.job_id != job_id:
-        return deny(RULE_JOB, f"the request was signed for job {req.job_id}", signed, who)
-    if req.dataset != dataset:
-        return deny(RULE_DATASET, f"the request was signed for dataset {req.dataset!r}", signed, who)
-    if action not in req.actions:
-        return deny(RULE_ACTION, f"the request allows only {req.actions}", signed, who)
-    if req.training != training or req.training_sha256 != training_hash:
-        return deny(RULE_TRAINING, f"the request was signed for training {req.training!r} with contents "
-                    f"{req.training_sha256[:12]}…; this site's {training!r} is {training_hash[:12]}… (changed "
-                    "since it was signed: sign a new request)", signed, who)
-    why = bounds_admit(req, overrides or {}) or bounds_admit_effective(req, context)
-    if why:
-        return deny(RULE_OVERRIDES, why, signed, who)
+    refusal = scope_refusal(req, job_id=job_id, dataset=dataset, actions=(action,), training=training,
+                            training_hash=training_hash, overrides=overrides, effective=context, now=now)
+    if refusal:
+        return deny(refusal[0], refusal[1], signed, who)
 
     ctx = {"purpose": req.purpose, "training": training, "standing": req.standing,
            **{k: context[k] for k in ("strategy", "aggregator", "rounds", "local_epochs", "ranks_per_site")}}
@@ -361,5 +347,5 @@ def job_owner_refusal(d: Decision, first: dict[str, Any] | None, training: str) 
 
 
 __all__ = ["CEDAR_SCHEMA", "DEFAULT_CEDAR", "ROLES", "Decision", "Limits", "PolicyError", "PolicyRefused",
-           "PrincipalEntry", "SignedPolicy", "SitePolicy", "check_cedar", "decide", "job_owner_refusal", "load_policy",
-           "read_signed_policy", "sign_policy", "verify_policy"]
+           "PrincipalEntry", "SignedPolicy", "SitePolicy", "check_cedar", "decide", "job_context", "job_owner_refusal",
+           "load_policy", "read_signed_policy", "sign_policy", "verify_policy"]

@@ -184,28 +184,41 @@ def bounds_admit_effective(req: JobRequest, effective: dict[str, Any]) -> str:
     return ""
 
 
-def mismatch(signed: SignedRequest, job_id: str, dataset: str, training: str, training_hash: str,
-             overrides: dict[str, Any]) -> str:
-    """Why ``signed`` cannot be used for this job as the coordinator plans it, or ``""``.
+RULE_EXPIRED = "request.not-expired"
+RULE_JOB = "request.job"
+RULE_DATASET = "request.dataset"
+RULE_ACTION = "request.action"
+RULE_TRAINING = "request.training"
+RULE_OVERRIDES = "request.overrides"
+SKEW = timedelta(minutes=5)
+"""Clock skew tolerated on ``issued_at`` between the signer's machine and the checker's."""
 
-    The coordinator checks this before dispatching anything, so a request that every site would refuse
-    fails at once with one clear reason; the sites still decide for themselves.
+
+def scope_refusal(req: JobRequest, *, job_id: str, dataset: str, actions: tuple[str, ...], training: str,
+                  training_hash: str, overrides: dict[str, Any] | None, effective: dict[str, Any] | None = None,
+                  now: datetime | None = None) -> tuple[str, str] | None:
+    """``(rule, why)`` when a (verified) request does not cover this use of it, else None.
+
+    The one check of what a request covers: each site runs it for its own action (with ``effective``, the
+    values the job will really run with), and the coordinator for all three before it dispatches anything, so
+    that a request every site would refuse fails at once with the same reason.
     """
-    req = signed.request
-    now = datetime.now(UTC)
-    if not req.issued_at - timedelta(minutes=5) <= now <= req.expires_at:
-        return (f"the request is valid from {req.issued_at:%Y-%m-%dT%H:%M:%SZ} to {req.expires_at:%Y-%m-%dT%H:%M:%SZ}"
-                " (sign a new one)")
-    if set(req.actions) != set(ACTIONS):
-        return f"a job needs prepare, train and evaluate; the request allows only {req.actions}"
+    now = now or datetime.now(UTC)
+    if not req.issued_at - SKEW <= now <= req.expires_at:
+        return RULE_EXPIRED, (f"the request is valid from {req.issued_at:%Y-%m-%dT%H:%M:%SZ} to "
+                              f"{req.expires_at:%Y-%m-%dT%H:%M:%SZ}; now is {now:%Y-%m-%dT%H:%M:%SZ} (sign a new one)")
     if req.job_id is not None and req.job_id != job_id:
-        return f"the request was signed for job {req.job_id}, not {job_id}"
+        return RULE_JOB, f"the request was signed for job {req.job_id}, not {job_id}"
     if req.dataset != dataset:
-        return f"the request was signed for dataset {req.dataset!r}, not {dataset!r}"
+        return RULE_DATASET, f"the request was signed for dataset {req.dataset!r}, not {dataset!r}"
+    if missing := [a for a in actions if a not in req.actions]:
+        return RULE_ACTION, f"the request allows only {req.actions}, not {missing}"
     if req.training != training or req.training_sha256 != training_hash:
-        return (f"the request was signed for training {req.training!r} ({req.training_sha256[:12]}…), this run uses "
-                f"{training!r} ({training_hash[:12]}…)")
-    return bounds_admit(req, overrides)
+        return RULE_TRAINING, (f"the request was signed for training {req.training!r} with contents "
+                               f"{req.training_sha256[:12]}…; here {training!r} is {training_hash[:12]}… (changed "
+                               "since it was signed: sign a new request)")
+    why = bounds_admit(req, overrides or {}) or bounds_admit_effective(req, effective or {})
+    return (RULE_OVERRIDES, why) if why else None
 
 
 def sign_for(key_file: Any, principal: str, training: str, dataset: str, purpose: str, *,

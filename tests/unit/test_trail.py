@@ -72,7 +72,7 @@ def test_a_deleted_log_and_head_are_caught(tmp_path: Path) -> None:
 def test_the_coordinators_countersignature_is_an_anchor_for_the_site(tmp_path: Path) -> None:
     ckey, skey = new_key(), new_key()
     site = _log(tmp_path, "eu", skey, 3)
-    seq, sha = anchors.head(site.path)  # type: ignore[misc]
+    seq, sha = site.head()  # type: ignore[misc]
     coord = AuditLog(tmp_path / "coordinator.jsonl", ckey, "coordinator")
     coord.append("audit.anchor", job_id="j1", anchored_actor="eu", seq=seq, sha256=sha)
     logs = {"coordinator": (coord.path, ckey), "eu": (site.path, skey)}
