@@ -27,8 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_prepared  # noqa: E402
 
 from insitu.config import TrainingConfig  # noqa: E402
-from insitu.models.fraud_mlp import build_model  # noqa: E402
+from insitu.models import build_model  # noqa: E402
 from insitu.parallel import DataRef, TrainSpec, train_site  # noqa: E402
+from insitu.specs import task_for_label  # noqa: E402
 from insitu.storage import Store  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -43,7 +44,7 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
-    # As on the platform's site workers (insitu/stack.py): no Dask profiler sampling the training thread.
+    # As on the platform's site workers (deployments/platform/supervisor.py): no Dask profiler sampling training.
     os.environ["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] = "False"
     tmp = Path(tempfile.mkdtemp(prefix="insitu-bench-"))
     write_prepared(tmp, args.rows, args.features)
@@ -53,7 +54,8 @@ def main() -> None:
         "checkpoint": {"enabled": False}})
     torch.manual_seed(0)
     state = build_model(cfg.model, args.features).state_dict()
-    spec = TrainSpec(cfg, args.features, state, DataRef(Store(f"file://{tmp}/", {}), "bench", "bench"), 2.0, 1)
+    data = DataRef(Store(f"file://{tmp}/", {}), "bench", "bench")
+    spec = TrainSpec(cfg, task_for_label(), args.features, state, data, {"pos_weight": 2.0}, 1)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)}
     torchrun = str(Path(sys.executable).parent / "torchrun")
     ours, bare, ours_wall, bare_wall = [], [], [], []

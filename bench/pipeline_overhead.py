@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from insitu.stack import REPO, Platform
+from deployments.platform import REPO, Platform
 
 
 def analyse(flow_run_id: str) -> dict[str, Any]:

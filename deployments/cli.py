@@ -23,8 +23,8 @@ from rich.table import Table
 
 from deployments import cli_data as data
 from deployments import cli_governance as governance
-from insitu.config import ConfigError, load_conf
-from insitu.stack import COORDINATOR, REPO, Platform, PlatformError
+from deployments.platform import COORDINATOR, REPO, Platform, PlatformError
+from insitu.config import ConfigError, ScheduleConfig, load_conf, load_datasets, trusted_training
 
 app = typer.Typer(help="insitu: train models where the data lives.", no_args_is_help=True, add_completion=False)
 audit_app = typer.Typer(help="Audit logs: verify the tamper-evident chains.", no_args_is_help=True)
@@ -162,15 +162,23 @@ def seed(
 
 @app.command()
 def deploy(state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) -> None:
-    """Register retrain on the coordinator pool and the site flows on every site's pool."""
+    """Register retrain on the coordinator pool (with the schedules of datasets.yaml) and the site flows on every
+    site's pool."""
     _quiet_logs()
     p = _platform(state_dir, conf)
     _require_up(p)
     from deployments.deploy import deploy_all
 
+    datasets = load_datasets(p.conf_dir / "datasets.yaml")
     with console.status("registering deployments…"):
-        names = deploy_all(p.sites)
+        names = deploy_all(p.sites, datasets)
     console.print(f"deployed {len(names)}: {', '.join(names)}")
+    for name, ds in datasets.datasets.items():
+        for s in ds.schedules:
+            state = "" if s.active else " (paused)"
+            # A scheduled run has nobody to sign it: without a standing approval of the pair it fails at once.
+            console.print(f"schedule: training {s.training} on dataset {name}, '{s.cron}' {s.timezone}{state}; "
+                          f"runs under `insitu approve --training {s.training} --dataset {name}`")
 
 
 @app.command()
@@ -305,10 +313,10 @@ def _run_and_follow(p: Platform, training: str, dataset: str, rounds: int | None
 
 
 def _print_summary(s: dict[str, Any]) -> None:
-    from insitu.summary import SUMMARY_COLUMNS, identity_lines, summary_rows, withheld_line
+    from insitu.summary import identity_lines, summary_columns, summary_rows, withheld_line
 
     t = Table(title=f"insitu job {s['job_id']} — {s['rounds']} federated rounds", show_lines=False)
-    for col in SUMMARY_COLUMNS:
+    for col in summary_columns(s):
         t.add_column(col, justify="left" if col in ("site", "unreadable shards") else "right")
     for row in summary_rows(s):
         t.add_row(*row)
@@ -483,10 +491,11 @@ def data_ls(
 
 @app.command()
 def validate(conf: ConfDir = DEFAULT_CONF) -> None:
-    """Check every file of conf/ offline: sites.yaml, datasets.yaml and each training config with each dataset."""
+    """Check every file of conf/ offline: sites.yaml, datasets.yaml, each training config with each dataset, and
+    each schedule (its training exists and loads with its dataset; Prefect accepts its cron)."""
     import yaml
 
-    from insitu.config import load_datasets, load_sites, load_training
+    from insitu.config import load_sites, load_training
 
     problems = 0
     t = Table("file", "result")
@@ -513,10 +522,46 @@ def validate(conf: ConfDir = DEFAULT_CONF) -> None:
             for name in names:
                 check(f"training/{path.name} with dataset {name}",
                       lambda p=path, n=name: load_conf(p.stem, n, directory=conf))
+    for name in names:
+        try:
+            schedules = load_datasets(conf / "datasets.yaml", only=name).datasets[name].schedules
+        except (ConfigError, OSError, KeyError):
+            continue  # its row above already says what is wrong with this dataset
+        for i, s in enumerate(schedules):
+            check(f"datasets.yaml schedule {name}[{i}]: training {s.training}, '{s.cron}' {s.timezone}",
+                  lambda n=name, i=i, s=s: check_schedule(conf, n, i, s))
     console.print(t)
     if problems:
         console.print(f"[red]{problems} problem(s)[/red]")
         raise typer.Exit(1)
+
+
+def check_schedule(conf: Path, dataset: str, index: int, schedule: ScheduleConfig) -> None:
+    """One schedule of ``datasets.yaml``: its training is a config of ``conf/training/`` that loads with
+    ``dataset``, and Prefect accepts its cron (what ``insitu deploy`` will ask of it).
+
+    Raises
+    ------
+    ConfigError
+        Naming the file, the schedule's key and the fix.
+    """
+    where = f"{conf / 'datasets.yaml'}: key 'datasets.{dataset}.schedules[{index}]"
+    try:
+        trusted_training(schedule.training, conf)
+    except ConfigError as e:
+        raise ConfigError(f"{where}.training': {e}") from None
+    try:
+        load_conf(schedule.training, dataset, directory=conf)
+    except ConfigError as e:
+        raise ConfigError(f"{where}.training': training {schedule.training!r} does not load with dataset "
+                          f"{dataset!r}; fix that config or name another: {e}") from None
+    from deployments.deploy import retrain_schedule  # imports Prefect: only when a schedule is declared
+
+    try:
+        retrain_schedule(dataset, schedule)
+    except ValueError as e:
+        raise ConfigError(f"{where}.cron': Prefect refuses it: {e}; see `man 5 crontab` for the five "
+                          "fields") from None
 
 
 def main() -> None:  # pragma: no cover (run as a process by the tests)

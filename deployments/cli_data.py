@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from insitu.stack import Platform
+from deployments.platform import Platform
 from insitu.storage import Store, store_from_env
 
 console = Console()

@@ -15,10 +15,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from deployments.platform import Platform
 from insitu.governance.policy import PolicyError, SignedPolicy, read_signed_policy
 from insitu.governance.principals import PrincipalError, key_id, resolve_key_file
 from insitu.governance.request import RequestError, SignedRequest, parse_signed, sign_for
-from insitu.stack import Platform
 
 console = Console()
 policy_app = typer.Typer(help="A site's own policy: show it, check a request against it, apply a new one.",

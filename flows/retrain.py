@@ -16,7 +16,9 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from pydantic import BaseModel, Field
 
 from insitu.config import JOB_ID_PATTERN, load_conf, load_training, trusted_training
+from insitu.federated.aggregators import build_aggregator
 from insitu.federated.exchange import Exchange
+from insitu.federated.kinds import MAX_UPDATE_NORM
 from insitu.federated.rounds import round_name
 from insitu.governance.approvals import approvals_dir, find_approval
 from insitu.governance.audit_service import Auditor
@@ -28,7 +30,6 @@ from insitu.governance.request import (
     scope_refusal,
     training_sha256,
 )
-from insitu.metrics import weighted_global
 from insitu.storage import store_from_env
 from insitu.summary import collect_identities, job_summary, summary_markdown, withheld_by_floor
 from tasks.anchoring import countersign
@@ -140,10 +141,11 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
 
         rounds = []
         logged = logged_rounds(mlruns)
+        aggregator = build_aggregator(t.aggregator.name, t.aggregator.options, max_update_norm=MAX_UPDATE_NORM)
         try:
             for rnd in range(t.rounds):
                 result = aggregate_round(ex, rnd, sites, t.federation.min_sites, t.federation.round_deadline_s,
-                                         alive)
+                                         alive, aggregator)
                 log_round(mlruns, rnd, result, logged)  # once per round and run, whichever attempt gets there
                 rounds.append(result)
                 update_progress_artifact(progress, progress=100.0 * (rnd + 1) / t.rounds)
@@ -169,10 +171,11 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
         eval_sites = [s for s in sites if s not in bad]
         _check_quorum("evaluate", eval_sites, bad, t.federation.min_sites, audit, job_id)
         evaluated = read_evaluations(ex, eval_sites, t.rounds)
+        task = conf.task()
         site_metrics = {s: _numbers(m[final]) for s, m in evaluated.items()}
-        global_metrics = weighted_global(site_metrics)
+        global_metrics = task.global_metrics({s: m[final] for s, m in evaluated.items()})
         champ_sites = {s: _numbers(m["champion"]) for s, m in evaluated.items()} if champion else None
-        champ_global = weighted_global(champ_sites) if champ_sites else None
+        champ_global = task.global_metrics({s: m["champion"] for s, m in evaluated.items()}) if champion else None
 
         # ---- register, gate, promote
         state, man = ex.get_state("weights", final, writer="coordinator")
@@ -180,7 +183,8 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
             raise RuntimeError(f"the final weights on the exchange ({man['sha256'][:12]}…) are not the ones this "
                                f"coordinator aggregated ({rounds[-1]['sha256'][:12]}…); refusing to register them")
         reg = register_model(conf, job_id, mlruns, state, stats["norm"], site_metrics, global_metrics, sites)
-        log_figures(mlruns["parent"], {s: m[final] for s, m in evaluated.items()}, site_metrics)
+        log_figures(mlruns["parent"], {s: m[final] for s, m in evaluated.items()}, site_metrics,
+                    list(task.summary_metrics))
     decision = gate_and_promote(conf, job_id, reg["version"], global_metrics, site_metrics, champion, champ_global,
                                 champ_sites)
     finish_runs(mlruns, decision)
@@ -201,8 +205,9 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
     ex.put_json("summary", "summary.json", summary)
     create_markdown_artifact(key="retrain-summary", markdown=summary_markdown(summary),
                              description=f"insitu job {job_id}")
-    logger.info("job %s done: %s v%s (%s), global PR-AUC %.4f; gate: %s", job_id, reg["model_name"],
-                reg["version"], reg["alias"], global_metrics.get("pr_auc", float("nan")), decision["reason"])
+    primary = task.gate_metric(t.gate.primary_metric).name
+    logger.info("job %s done: %s v%s (%s), global %s %.4f; gate: %s", job_id, reg["model_name"], reg["version"],
+                reg["alias"], primary, global_metrics.get(primary, float("nan")), decision["reason"])
     return summary
 
 

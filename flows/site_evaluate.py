@@ -39,7 +39,7 @@ def site_evaluate(
     ctx.audit.append("data.read", what="prepared/test", job_id=job_id, flow_run_id=ctx.flow_run_id, rows=len(y))
     results = {}
     for name in weights:
-        results[name] = evaluate_weights(ctx, name, x, y, len(norm["mean"]), float(norm["pos_weight"]))
+        results[name] = evaluate_weights(ctx, name, x, y, norm)
         logger.info("site=%s model=%s %s", ctx.site, name,
                     " ".join(f"{k}={v:.4f}" for k, v in results[name].items() if isinstance(v, float)))
     ctx.exchange.put_json("metrics", "evaluate.json", {"site": ctx.site, "ran_as": ctx.ran_as, "models": results})

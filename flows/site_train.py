@@ -26,7 +26,6 @@ def site_train(
     ctx = site_context(job_id, training, dataset, overrides, request, "train")
     t = ctx.conf.training
     norm = ctx.exchange.get_json("stats", "global.json", writer="coordinator")
-    n_features, pos_weight = len(norm["mean"]), float(norm["pos_weight"])
     done = 0
     for rnd in range(t.rounds):
         name = round_name(rnd)
@@ -41,7 +40,7 @@ def site_train(
         if ctx.exchange.exists("update", f"{name}.manifest.json"):
             logger.info("round %d already published by this site (resumed run); skipping", rnd)
         else:
-            train_round(ctx, rnd, n_features, pos_weight)
+            train_round(ctx, rnd, norm)
         done += 1
     anchor_site(ctx.audit, ctx.exchange.store, ctx.site, job_id, "train")
     return {"site": ctx.site, "rounds": done}

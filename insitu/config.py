@@ -15,7 +15,7 @@ import os
 import re
 import types
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -28,6 +28,9 @@ from pydantic import (
     model_validator,
 )
 
+if TYPE_CHECKING:
+    from insitu.specs.base import TaskSpec
+
 SITE_NAME = r"^[a-z][a-z0-9-]{0,30}$"
 ENV_NAME = r"^[A-Z_][A-Z0-9_]*$"
 # What a run may name: a training config (a file of conf/training/) or a dataset (a key of datasets.yaml).
@@ -39,9 +42,8 @@ STORE_SCHEMES = ("s3", "file", "memory", "gs", "abfs", "az")
 _BUCKET_SCHEMES = ("s3", "gs", "abfs", "az")
 # Two spellings of one service: a store named both ways is one store.
 _SAME_SERVICE = {"az": "abfs"}
-KNOWN_MODELS = ("fraud_mlp",)
-KNOWN_AGGREGATORS = ("fedavg",)
-KNOWN_STRATEGIES = ("single", "ddp")
+# A user's own model: "package.module:factory" (see insitu/models/__init__.py for the contract).
+IMPORT_PATH = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 
 
 class ConfigError(ValueError):
@@ -287,8 +289,14 @@ class SchemaConfig(_Strict):
             col = getattr(self, role)
             if col not in self.columns:
                 raise ValueError(f"{role} column {col!r} is not among the columns {list(self.columns)}")
-        if self.columns[self.label].type != "bool":
-            raise ValueError(f"label column {self.label!r} must have type: bool (binary label)")
+        label = self.columns[self.label]
+        if label.type == "string":
+            raise ValueError(f"label column {self.label!r} has type: string; a label is bool (binary), category "
+                             "(multi-class) or float/int (regression)")
+        if label.nullable:
+            raise ValueError(f"label column {self.label!r} may not be nullable: a row without a label cannot train")
+        if label.transform != "none":
+            raise ValueError(f"label column {self.label!r}: transforms apply to features, not to the label")
         return self
 
     @property
@@ -311,6 +319,40 @@ class ShardConfig(_Strict):
         return v
 
 
+class ScheduleConfig(_Strict):
+    """One recurring ``retrain`` of the dataset it is declared in (``insitu deploy`` puts it on Prefect).
+
+    Checked here without Prefect (the core never imports it): five cron fields and a time zone name.
+    Prefect checks each field's values when the schedule is deployed; ``insitu validate`` asks it too.
+    """
+
+    cron: str = Field(description="minute hour day-of-month month day-of-week, e.g. '0 3 * * 1' (Mondays 03:00)")
+    timezone: str = Field("UTC", description="IANA time zone the cron is read in, e.g. Europe/Berlin")
+    training: Annotated[str, Field(pattern=CONF_NAME, description="a config of conf/training/, by name")]
+    active: bool = True
+
+    @field_validator("cron")
+    @classmethod
+    def _five_fields(cls, v: str) -> str:
+        fields = v.split()
+        if len(fields) != 5:
+            raise ValueError(f"a cron has five fields (minute hour day-of-month month day-of-week), this one "
+                             f"{len(fields)}; e.g. '0 3 * * 1' for Mondays at 03:00")
+        return " ".join(fields)  # one spelling, so that repeated entries are recognised
+
+    @field_validator("timezone")
+    @classmethod
+    def _iana(cls, v: str) -> str:
+        # Exactly the names Prefect admits (it checks against zoneinfo's list too); imported here, as only
+        # datasets with schedules need it.
+        from zoneinfo import available_timezones
+
+        if v not in available_timezones():
+            raise ValueError("not an IANA time zone name; use e.g. UTC, Europe/Berlin or America/New_York "
+                             "(the case matters)")
+        return v
+
+
 class DatasetConfig(_Strict):
     description: str = ""
     # Keys the deterministic train/val/test split. Fixed per dataset so that every job (whatever its
@@ -318,6 +360,20 @@ class DatasetConfig(_Strict):
     split_key: int = 0
     schema_: SchemaConfig = Field(alias="schema")
     shards: Annotated[list[ShardConfig], Field(min_length=1)]
+    schedules: list[ScheduleConfig] = []
+
+    @field_validator("schedules")
+    @classmethod
+    def _distinct(cls, schedules: list[ScheduleConfig]) -> list[ScheduleConfig]:
+        # The same entry twice would start two identical jobs at every tick.
+        first: dict[tuple[str, str, str], int] = {}
+        for i, s in enumerate(schedules):
+            key = (s.cron, s.timezone, s.training)
+            if key in first:
+                raise _Refusal(f"repeats schedules[{first[key]}] (same cron, timezone and training); remove one",
+                               at=(i,))
+            first[key] = i
+        return schedules
 
     @field_validator("shards")
     @classmethod
@@ -360,15 +416,39 @@ class DatasetsConfig(_Strict):
 
 # --------------------------------------------------------------------------- training/*.yaml
 class ModelConfig(_Strict):
-    name: str = "fraud_mlp"
+    """A built-in model by name (``tabular_mlp``) or a user's own factory by import path (``pkg.mod:make``)."""
+
+    name: str = "tabular_mlp"
     hidden: Annotated[list[Annotated[int, Field(ge=1, le=65536)]], Field(min_length=1)] = [64, 32]
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
+    options: dict[str, Any] = Field(default_factory=dict,
+                                    description="keyword arguments of a user's model factory (JSON values)")
 
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in KNOWN_MODELS:
-            raise ValueError(f"unknown model {v!r}; known: {list(KNOWN_MODELS)}")
+        from insitu.models import MODELS  # the one list of built-in models (imported late: it imports torch)
+
+        if v not in MODELS and not re.fullmatch(IMPORT_PATH, v):
+            raise ValueError(f"unknown model {v!r}; built in: {sorted(MODELS)}, or your own factory as "
+                             "'package.module:function' (see the README, 'Bring your own data and model')")
+        return v
+
+
+class TaskConfig(_Strict):
+    """What is learnt: the task decides the outputs, the loss, the metrics and what the gate may use."""
+
+    name: str = "binary"
+    loss: Literal["mse", "huber"] = Field("mse", description="regression only: the loss on the standardised label")
+    huber_delta: Annotated[float, Field(gt=0.0)] = 1.0
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from insitu.specs import TASKS
+
+        if v not in TASKS:
+            raise ValueError(f"unknown task {v!r}; known: {sorted(TASKS)}")
         return v
 
 
@@ -377,6 +457,21 @@ class OptimizerConfig(_Strict):
     lr: Annotated[float, Field(gt=0.0, le=10.0)] = 1e-3
     weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
     momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+
+
+class AggregatorConfig(_Strict):
+    """How the coordinator combines the sites' updates: an aggregator of insitu/federated/aggregators/ by
+    name, with its options (e.g. ``{name: fedprox, options: {mu: 0.01}}``)."""
+
+    name: str = "fedavg"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known(self) -> AggregatorConfig:
+        from insitu.federated.aggregators import build_aggregator  # the one list of aggregators
+
+        build_aggregator(self.name, self.options)  # unknown name or option: ValueError naming the known ones
+        return self
 
 
 class FederationConfig(_Strict):
@@ -407,10 +502,12 @@ class CheckpointConfig(_Strict):
 class GateConfig(_Strict):
     """When a candidate replaces the champion (see insitu/gate.py)."""
 
-    primary_metric: Literal["pr_auc", "roc_auc"] = "pr_auc"
-    margin: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
-    max_site_drop: Annotated[float, Field(ge=0.0, le=1.0)] = 0.05
-    absolute_floor: Annotated[float, Field(ge=0.0, le=1.0)] = 0.05
+    primary_metric: str | None = Field(None, description="a gate metric of the task; empty: the task's first "
+                                       "(binary pr_auc, multiclass macro_f1, regression rmse)")
+    margin: Annotated[float, Field(ge=0.0)] = 0.0
+    max_site_drop: Annotated[float, Field(ge=0.0)] = 0.05
+    absolute_floor: float | None = Field(None, description="what the very first model must reach: a floor for a "
+                                         "higher-is-better metric, a ceiling otherwise; empty: the task's default")
 
 
 class RegistryConfig(_Strict):
@@ -418,12 +515,13 @@ class RegistryConfig(_Strict):
 
 
 class TrainingConfig(_Strict):
+    task: TaskConfig = TaskConfig()
     model: ModelConfig = ModelConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     rounds: Annotated[int, Field(ge=1, le=10000)] = 5
     local_epochs: Annotated[int, Field(ge=1, le=1000)] = 1
     batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = 256
-    aggregator: str = "fedavg"
+    aggregator: AggregatorConfig = AggregatorConfig()
     seed: int = 0
     strategy: str = "single"
     ranks_per_site: Annotated[int, Field(ge=1, le=1024)] = 1
@@ -433,18 +531,23 @@ class TrainingConfig(_Strict):
     gate: GateConfig = GateConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
 
-    @field_validator("aggregator")
+    @field_validator("task", mode="before")
     @classmethod
-    def _agg(cls, v: str) -> str:
-        if v not in KNOWN_AGGREGATORS:
-            raise ValueError(f"unknown aggregator {v!r}; known: {list(KNOWN_AGGREGATORS)}")
-        return v
+    def _task_name(cls, v: Any) -> Any:
+        return {"name": v} if isinstance(v, str) else v  # `task: multiclass` is short for `task: {name: …}`
+
+    @field_validator("aggregator", mode="before")
+    @classmethod
+    def _aggregator_name(cls, v: Any) -> Any:
+        return {"name": v} if isinstance(v, str) else v  # `aggregator: fedavg` is short for `{name: fedavg}`
 
     @field_validator("strategy")
     @classmethod
     def _strategy(cls, v: str) -> str:
-        if v not in KNOWN_STRATEGIES:
-            raise ValueError(f"unknown strategy {v!r}; known: {list(KNOWN_STRATEGIES)}")
+        from insitu.parallel.strategies import STRATEGIES  # the one list of strategies
+
+        if v not in STRATEGIES:
+            raise ValueError(f"unknown strategy {v!r}; known: {sorted(STRATEGIES)}")
         return v
 
     @field_validator("ranks_per_site")
@@ -651,12 +754,20 @@ class Conf(BaseModel):
     def dataset(self) -> DatasetConfig:
         return self.datasets.datasets[self.dataset_name]
 
+    def task(self) -> TaskSpec:
+        """The learning task of this training on this dataset (load_conf checked that they fit)."""
+        from insitu.specs import build_task
+
+        return build_task(self.training.task, self.dataset.schema_)
+
     def config_hash(self) -> str:
         """A stable hash of the effective configuration (for lineage tags)."""
         blob = json.dumps(
             {
                 "sites": self.sites.model_dump(mode="json"),
-                "dataset": self.dataset.model_dump(mode="json", by_alias=True),
+                # When a dataset is retrained is no part of what a job computes: editing a schedule must not
+                # stop a job from resuming.
+                "dataset": self.dataset.model_dump(mode="json", by_alias=True, exclude={"schedules"}),
                 "training": self.training.model_dump(mode="json"),
             },
             sort_keys=True,
@@ -745,6 +856,7 @@ def load_conf(
                 f"{dpath}: key 'datasets.{dataset}.shards[{i}].site': unknown site {shard.site!r}; "
                 f"sites.yaml defines {sites.names}"
             )
+    _check_task(train, ds, tpath, dataset)
     with_data = {s.site for s in ds.shards}
     if train.federation.min_sites > len(with_data):
         raise ConfigError(
@@ -758,3 +870,18 @@ def load_conf(
         dataset_name=dataset,
         paths={"sites": str(d / "sites.yaml"), "datasets": str(dpath), "training": str(tpath)},
     )
+
+
+def _check_task(train: TrainingConfig, ds: DatasetConfig, tpath: Path, dataset: str) -> None:
+    """The training's task fits the dataset's label, and its gate names a metric of that task."""
+    from insitu.specs import build_task
+
+    try:
+        task = build_task(train.task, ds.schema_)
+    except ValueError as e:
+        raise ConfigError(f"{tpath}: key 'task': {e} in dataset {dataset!r}; choose the task that fits the label "
+                          "(bool: binary, category: multiclass, float/int: regression)") from None
+    try:
+        task.gate_metric(train.gate.primary_metric)
+    except ValueError as e:
+        raise ConfigError(f"{tpath}: key 'gate.primary_metric': {e}; name one of them or leave it empty") from None

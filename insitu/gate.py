@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from insitu.config import GateConfig
+from insitu.specs.base import GateMetric
 
 
 @dataclass
@@ -29,25 +30,32 @@ class GateDecision:
 
 def decide(
     cfg: GateConfig,
+    metric: GateMetric,
     candidate_global: Mapping[str, float],
     candidate_sites: Mapping[str, Mapping[str, float]],
     champion_global: Mapping[str, float] | None = None,
     champion_sites: Mapping[str, Mapping[str, float]] | None = None,
 ) -> GateDecision:
-    """Decide whether the candidate becomes champion.
+    """Decide whether the candidate becomes champion, on the task's gate ``metric`` (its direction decides
+    what "better" means: higher PR-AUC, lower RMSE).
 
-    - No champion yet: pass when the candidate's primary metric meets ``cfg.absolute_floor``.
-    - Otherwise: the candidate's sample-weighted primary metric must beat the champion's by at least
+    - No champion yet: pass when the candidate's metric meets ``cfg.absolute_floor`` (a floor for a
+      higher-is-better metric, a ceiling otherwise; empty: the metric's default bound, if any).
+    - Otherwise: the candidate's global metric must be better than the champion's by at least
       ``cfg.margin``, and on no site may it be worse than the champion by more than ``cfg.max_site_drop``.
     """
-    m = cfg.primary_metric
+    m = metric.name
     cand = float(candidate_global.get(m, math.nan))
     if math.isnan(cand):
         return GateDecision(False, f"candidate has no {m} (a site without both classes?)", m, cand, None)
     if champion_global is None:
-        ok = cand >= cfg.absolute_floor
-        why = (f"first model: {m} {cand:.4f} {'meets' if ok else 'is below'} the absolute floor "
-               f"{cfg.absolute_floor:.4f}")
+        bound = cfg.absolute_floor if cfg.absolute_floor is not None else metric.default_bound
+        ok = metric.meets(cand, bound)
+        if bound is None:
+            why = f"first model: {m} {cand:.4f}, no absolute bound configured"
+        else:
+            kind = "floor" if metric.higher_is_better else "ceiling"
+            why = f"first model: {m} {cand:.4f} {'meets' if ok else 'misses'} the absolute {kind} {bound:.4f}"
         return GateDecision(ok, why, m, cand, None)
     champ = float(champion_global.get(m, math.nan))
     deltas: dict[str, float] = {}
@@ -58,13 +66,14 @@ def decide(
         if math.isnan(old) or math.isnan(new):
             continue
         deltas[site] = new - old
-        if new < old - cfg.max_site_drop:
-            worse.append(f"{site} {new:.4f} < {old:.4f} - {cfg.max_site_drop:.4f}")
-    if not math.isnan(champ) and cand < champ + cfg.margin:
+        if metric.improvement(new, old) < -cfg.max_site_drop:
+            worse.append(f"{site} {new:.4f} vs {old:.4f}")
+    if not math.isnan(champ) and metric.improvement(cand, champ) < cfg.margin:
         return GateDecision(False, f"{m} {cand:.4f} does not beat the champion's {champ:.4f} by the margin "
-                            f"{cfg.margin:.4f}", m, cand, champ, deltas)
+                            f"{cfg.margin:.4f} ({'higher' if metric.higher_is_better else 'lower'} is better)",
+                            m, cand, champ, deltas)
     if worse:
-        return GateDecision(False, f"{m} got worse than the per-site floor allows on: {'; '.join(worse)}", m, cand,
-                            champ, deltas)
+        return GateDecision(False, f"{m} got worse than the per-site tolerance {cfg.max_site_drop:.4f} allows on: "
+                            f"{'; '.join(worse)}", m, cand, champ, deltas)
     return GateDecision(True, f"{m} {cand:.4f} beats the champion's {champ:.4f} by at least {cfg.margin:.4f} and no "
-                        f"site dropped more than {cfg.max_site_drop:.4f}", m, cand, champ, deltas)
+                        f"site got worse by more than {cfg.max_site_drop:.4f}", m, cand, champ, deltas)

@@ -64,8 +64,28 @@ def site_metrics_figure(site_metrics: Mapping[str, Mapping[str, float]], names: 
     for i, n in enumerate(names):
         ax.bar(np.arange(len(sites)) + i * width, [site_metrics[s].get(n, np.nan) for s in sites], width, label=n)
     ax.set_xticks(np.arange(len(sites)) + width * (len(names) - 1) / 2, sites)
-    ax.set_ylim(0, 1)
+    values = [site_metrics[s].get(n, np.nan) for s in sites for n in names]
+    if all(0.0 <= v <= 1.0 for v in values if not np.isnan(v)):  # scores in [0, 1]; an RMSE has its own scale
+        ax.set_ylim(0, 1)
     ax.set_title("test metrics per site")
     ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def confusion_figure(confusion: np.ndarray, classes: Sequence[str] | None = None) -> Figure:
+    """The global confusion matrix (the sum of the sites' counts), rows normalised to recall per class."""
+    c = np.asarray(confusion, dtype=float)
+    rows = c.sum(axis=1, keepdims=True)
+    share = np.divide(c, rows, out=np.zeros_like(c), where=rows > 0)
+    labels = list(classes) if classes else [str(i) for i in range(len(c))]
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    im = ax.imshow(share, vmin=0, vmax=1, cmap="Blues")
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    ax.set_title("confusion matrix on the sites' test splits (share of each true class)")
+    fig.colorbar(im, ax=ax)
     fig.tight_layout()
     return fig

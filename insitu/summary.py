@@ -56,13 +56,17 @@ def job_summary(
         "started": started.isoformat(),
         "finished": datetime.now(UTC).isoformat(),
         "withheld": {k: sorted(v) for k, v in (withheld or {}).items() if v},
+        "task": conf.training.task.name,
+        "metric_names": list(conf.task().summary_metrics),
     }
 
 
 def withheld_by_floor(evaluated: dict[str, dict[str, Any]], model: str) -> dict[str, list[str]]:
-    """Which sites the row floor left out of the job's test metrics and of its PR curve (for ``model``)."""
-    return {"test metrics": sorted(s for s, m in evaluated.items() if "withheld" in m.get(model, {})),
-            "PR curve": sorted(s for s, m in evaluated.items() if "hist_pos" not in m.get(model, {}))}
+    """Which sites the row floor left out of the job's test metrics and (binary task) of its PR curve."""
+    out = {"test metrics": sorted(s for s, m in evaluated.items() if "withheld" in m.get(model, {}))}
+    if any(m.get(model, {}).get("task", "binary") == "binary" for m in evaluated.values()):
+        out["PR curve"] = sorted(s for s, m in evaluated.items() if "hist_pos" not in m.get(model, {}))
+    return out
 
 
 def withheld_line(summary: dict[str, Any]) -> str | None:
@@ -88,12 +92,22 @@ def collect_identities(
     return out
 
 
-SUMMARY_COLUMNS = ("site", "rows prepared", "quarantined", "unreadable shards", "rounds", "ROC-AUC", "PR-AUC",
-                   "test loss", "test rows", "bytes to exchange", "raw bytes (stayed)")
+# What the summary names each task's metrics; a metric without an entry is shown by its own name.
+METRIC_TITLES = {"roc_auc": "ROC-AUC", "pr_auc": "PR-AUC", "loss": "test loss", "macro_f1": "macro-F1",
+                 "log_loss": "log-loss", "rmse": "RMSE", "mae": "MAE", "r2": "R²"}
+BINARY_METRICS = ("roc_auc", "pr_auc", "loss")  # summaries written before tasks named their metrics
+
+
+def summary_columns(s: dict[str, Any]) -> list[str]:
+    """The per-site table's column titles: the job's task's metrics between the data and the bytes."""
+    metrics = [METRIC_TITLES.get(m, m) for m in s.get("metric_names", BINARY_METRICS)]
+    return ["site", "rows prepared", "quarantined", "unreadable shards", "rounds", *metrics, "test rows",
+            "bytes to exchange", "raw bytes (stayed)"]
 
 
 def summary_rows(s: dict[str, Any]) -> list[list[str]]:
-    """The per-site table (and its global row) as text cells, in ``SUMMARY_COLUMNS`` order."""
+    """The per-site table (and its global row) as text cells, in :func:`summary_columns` order."""
+    names = s.get("metric_names", BINARY_METRICS)
 
     def f4(m: dict[str, float], k: str) -> str:
         return f"{m.get(k, float('nan')):.4f}"
@@ -102,14 +116,13 @@ def summary_rows(s: dict[str, Any]) -> list[list[str]]:
     for name, v in s["sites"].items():
         m = v["metrics"]
         rows.append([name, f"{v['rows_prepared']:,}", f"{v['rows_quarantined']:,}",
-                     ", ".join(v["shards_unreadable"]) or "-", str(v["rounds_contributed"]), f4(m, "roc_auc"),
-                     f4(m, "pr_auc"), f4(m, "loss"), f"{int(m.get('count', 0)):,}",
+                     ", ".join(v["shards_unreadable"]) or "-", str(v["rounds_contributed"]),
+                     *(f4(m, k) for k in names), f"{int(m.get('count', 0)):,}",
                      f"{sum(v['bytes_to_exchange'].values()):,}", f"{v['raw_bytes']:,}"])
     g = s["global_metrics"]
     coord = sum(s["bytes_crossed_by_writer"].get("coordinator", {}).values())
-    rows.append(["global (sample-weighted)", "", "", "", "", f4(g, "roc_auc"), f4(g, "pr_auc"), f4(g, "loss"),
-                 f"{int(g.get('count', 0)):,}", f"{s['bytes_crossed']:,} (coordinator {coord:,})",
-                 f"{s['raw_bytes']:,}"])
+    rows.append(["global", "", "", "", "", *(f4(g, k) for k in names), f"{int(g.get('count', 0)):,}",
+                 f"{s['bytes_crossed']:,} (coordinator {coord:,})", f"{s['raw_bytes']:,}"])
     return rows
 
 
@@ -136,8 +149,8 @@ def summary_markdown(s: dict[str, Any]) -> str:
         "",
         f"Gate: **{'passed' if gate.get('passed') else 'failed'}** — {gate.get('reason', 'n/a')}",
         "",
-        "| " + " | ".join(SUMMARY_COLUMNS) + " |",
-        "|---|" + "---:|" * (len(SUMMARY_COLUMNS) - 1),
+        "| " + " | ".join(summary_columns(s)) + " |",
+        "|---|" + "---:|" * (len(summary_columns(s)) - 1),
         *("| " + " | ".join(r) + " |" for r in summary_rows(s)),
         "",
         f"Bytes that crossed a border: **{s['bytes_crossed']:,}** (weights, updates, statistics, metrics); "

@@ -15,17 +15,17 @@ from torch import nn
 from insitu.federated.exchange import Exchange, enforce_protocol
 from insitu.federated.kinds import COORDINATOR, MIN_ROWS, site_budgets
 from insitu.federated.rounds import round_name
-from insitu.metrics import binary_metrics, floor_histograms, withheld
-from insitu.models.fraud_mlp import build_model
+from insitu.metrics import withheld
+from insitu.models import build_model
+from insitu.specs import TaskSpec
 from tasks.context import SiteContext
 from tasks.retry import retry_if_transient
 
-BINS = 100
 
-
-def score(model: nn.Module, x: np.ndarray, y: np.ndarray, pos_weight: float, floor: int = MIN_ROWS) -> dict[str, Any]:
-    """Metrics, plus per-class histograms of the scores: aggregates from which the coordinator can draw
-    a global PR curve without ever seeing a row's score.
+def score(model: nn.Module, task: TaskSpec, x: np.ndarray, y: np.ndarray, loss_params: dict[str, Any],
+          floor: int = MIN_ROWS) -> dict[str, Any]:
+    """The task's metrics of ``model`` on ``(x, y)``: aggregates only (for a binary task, per-class score
+    histograms from which the coordinator draws a global PR curve without ever seeing a row's score).
 
     Over fewer than ``floor`` rows nothing is published but the marker saying so: a loss or a positive rate
     over a handful of rows describes those rows.
@@ -34,29 +34,18 @@ def score(model: nn.Module, x: np.ndarray, y: np.ndarray, pos_weight: float, flo
         return withheld(floor)
     model.eval()
     with torch.no_grad():
-        logits = model(torch.from_numpy(x))
-        loss = nn.functional.binary_cross_entropy_with_logits(
-            logits, torch.from_numpy(y), pos_weight=torch.tensor(pos_weight)
-        )
-    p = torch.sigmoid(logits).numpy()
-    edges = np.linspace(0.0, 1.0, BINS + 1)
-    out: dict[str, Any] = binary_metrics(y, p, float(loss))
-    # A bin holding a few scores would place individual rows: bins are merged until each holds enough.
-    hists = floor_histograms(np.histogram(p[y == 1], bins=edges)[0], np.histogram(p[y == 0], bins=edges)[0], floor)
-    if hists is not None:
-        out["hist_pos"], out["hist_neg"] = hists
-    return out
+        outputs = model(torch.from_numpy(x))
+    return task.site_metrics(outputs, y, loss_params, floor)
 
 
 @task(retry_condition_fn=retry_if_transient, retries=1, task_run_name="evaluate-{ctx.site}-{name}")
-def evaluate_weights(
-    ctx: SiteContext, name: str, x: np.ndarray, y: np.ndarray, n_features: int, pos_weight: float
-) -> dict[str, Any]:
+def evaluate_weights(ctx: SiteContext, name: str, x: np.ndarray, y: np.ndarray, norm: dict[str, Any]) -> dict[str, Any]:
     state, _ = ctx.exchange.get_state("weights", name, writer=COORDINATOR)
-    model = build_model(ctx.conf.training.model, n_features)
+    task = ctx.conf.task()
+    model = build_model(ctx.conf.training.model, len(norm["mean"]), task.n_outputs)
     model.load_state_dict(state)
     # The protocol's floor, or the site's own if its policy asks for more.
-    return score(model, x, y, pos_weight, max(MIN_ROWS, ctx.min_rows))
+    return score(model, task, x, y, norm["loss_params"], max(MIN_ROWS, ctx.min_rows))
 
 
 def evaluations(ex: Exchange, sites: list[str], rounds: int) -> dict[str, dict[str, Any]]:

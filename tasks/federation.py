@@ -10,16 +10,17 @@ from prefect import get_run_logger, task
 
 from insitu.config import Conf
 from insitu.data.features import feature_names
+from insitu.federated.aggregators import Aggregator
 from insitu.federated.exchange import Exchange
 from insitu.federated.kinds import COORDINATOR
 from insitu.federated.rounds import round_name, run_round
 from insitu.federated.stats import combine, mean_std
-from insitu.models.fraud_mlp import build_model
+from insitu.models import Normalization, build_model
 
 
 @task(task_run_name="global-statistics")
 def publish_global_stats(ex: Exchange, conf: Conf, sites: list[str]) -> dict[str, Any]:
-    """Combine the sites' aggregate statistics into global normalisation and class balance.
+    """Combine the sites' aggregate statistics into global normalisation and the loss's parameters.
 
     Each site's ``prepare.json`` is checked against the protocol's schema as it is read (row floor included);
     its statistics must also have one value per feature of the dataset.
@@ -32,16 +33,13 @@ def publish_global_stats(ex: Exchange, conf: Conf, sites: list[str]) -> dict[str
             raise ValueError(f"site {s} published statistics of {width} features; the dataset has {len(features)}")
     total = combine(p["train_stats"] for p in per_site.values())
     mean, std = mean_std(total)
-    pos = total["positives"]
-    norm = {
-        "features": features,
-        "mean": mean,
-        "std": std,
-        "n": total["n"],
-        "positives": pos,
-        # Balances the rare fraud class in the loss; the same weight on every site.
-        "pos_weight": (total["n"] - pos) / max(pos, 1),
-    }
+    task = conf.task()
+    shift, scale = task.output_norm(total)
+    norm = {"features": features, "mean": mean, "std": std, "n": total["n"], "out_shift": shift, "out_scale": scale,
+            # e.g. the positive class's or each class's weight: the same loss on every site
+            "loss_params": task.loss_params(total)}
+    if "label_counts" in total:
+        norm["label_counts"] = total["label_counts"]
     ex.put_json("stats", "global.json", norm)
     return {"norm": norm, "per_site": per_site}
 
@@ -51,7 +49,7 @@ def publish_initial_weights(ex: Exchange, conf: Conf, norm: dict[str, Any]) -> d
     if ex.exists("weights", f"{round_name(0)}.manifest.json"):  # a re-run of the same job keeps its start
         return ex.get_json("weights", f"{round_name(0)}.manifest.json", writer=COORDINATOR)
     torch.manual_seed(conf.training.seed)
-    model = build_model(conf.training.model, len(norm["mean"]), norm["mean"], norm["std"])
+    model = build_model(conf.training.model, len(norm["mean"]), conf.task().n_outputs, Normalization.from_global(norm))
     return ex.put_state("weights", round_name(0), model.state_dict(), round=0)
 
 
@@ -59,15 +57,16 @@ def publish_initial_weights(ex: Exchange, conf: Conf, norm: dict[str, Any]) -> d
 def aggregate_round(
     ex: Exchange, rnd: int, sites: list[str], min_sites: int, deadline_s: float,
     is_alive: Callable[[str], bool] | None = None,
+    aggregator: Aggregator | None = None,
 ) -> dict[str, Any]:
-    """Wait for the sites' updates until the deadline, check the quorum, FedAvg, publish the next global.
+    """Wait for the sites' updates until the deadline, check the quorum, aggregate, publish the next global.
 
     A site that misses the deadline is logged and skipped for this round; so is one whose update the
     protocol refuses (with the reason, in the result's ``rejected``). A site over its byte budget on the
     exchange stops the job (ProtocolViolation).
     """
     logger = get_run_logger()
-    res = run_round(ex, rnd, sites, min_sites, deadline_s, is_alive)
+    res = run_round(ex, rnd, sites, min_sites, deadline_s, is_alive, aggregator=aggregator)
     late = [s for s in res.missing if s not in res.rejected]
     if late:
         logger.warning("round %d: no update from %s within %.0fs; skipped for this round", rnd, late, deadline_s)

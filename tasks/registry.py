@@ -21,7 +21,7 @@ from prefect import get_run_logger, task
 
 from insitu.config import Conf
 from insitu.federated.exchange import state_from_bytes, state_to_bytes
-from insitu.models.fraud_mlp import build_model
+from insitu.models import Normalization, build_model
 
 WEIGHTS_DIR = "weights"
 WEIGHTS_FILE = "state.pt"
@@ -45,7 +45,8 @@ def flat_params(conf: Conf) -> dict[str, Any]:
         "dataset": conf.dataset_name, "model": t.model.name, "hidden": t.model.hidden, "dropout": t.model.dropout,
         "optimizer": t.optimizer.name, "lr": t.optimizer.lr, "weight_decay": t.optimizer.weight_decay,
         "rounds": t.rounds, "local_epochs": t.local_epochs, "batch_size": t.batch_size,
-        "aggregator": t.aggregator, "seed": t.seed, "strategy": t.strategy, "ranks_per_site": t.ranks_per_site,
+        "aggregator": t.aggregator.name, "aggregator_options": t.aggregator.options,
+        "task": t.task.name, "seed": t.seed, "strategy": t.strategy, "ranks_per_site": t.ranks_per_site,
         "min_sites": t.federation.min_sites, "round_deadline_s": t.federation.round_deadline_s,
         "config_hash": conf.config_hash(),
     }
@@ -166,8 +167,9 @@ def register_model(
     for k, v in global_metrics.items():
         if not np.isnan(v):
             client.set_model_version_tag(name, version, f"global_test_{k}", f"{v:.6f}")
+    gate_metrics = [g.name for g in conf.task().gate_metrics]
     for s, m in site_metrics.items():
-        for k in ("pr_auc", "roc_auc"):
+        for k in gate_metrics:
             if k in m and not np.isnan(m[k]):
                 client.set_model_version_tag(name, version, f"site_{s}_test_{k}", f"{m[k]:.6f}")
     client.set_registered_model_alias(name, "challenger", version)
@@ -191,7 +193,7 @@ def _log_and_register(
         _log_metrics(client, runs[s], {f"test_{k}": v for k, v in m.items()})
         parent_metrics.update({f"{s}_test_{k}": v for k, v in m.items()})
     _log_metrics(client, runs["parent"], parent_metrics)
-    model = build_model(conf.training.model, len(norm["mean"]))
+    model = build_model(conf.training.model, len(norm["mean"]), conf.task().n_outputs, Normalization.from_global(norm))
     model.load_state_dict(state)
     model.eval()
     # The input example is the global feature mean: an aggregate, not anyone's row.
@@ -288,6 +290,7 @@ def gate_and_promote(
     client = MlflowClient()
     name = conf.training.registry.model_name
     gate = conf.training.gate
+    metric = conf.task().gate_metric(gate.primary_metric)
     ensure_registry_lock(name)
     with concurrency(registry_lock_name(name), occupy=1, timeout_seconds=600, strict=True):
         try:
@@ -299,17 +302,17 @@ def gate_and_promote(
             passed = recorded["gate"] == "passed"
             logger.info("%s v%s was already judged (%s): %s", name, version, recorded["gate"],
                         recorded.get("gate_reason"))
-            return {"passed": passed, "reason": recorded.get("gate_reason", ""), "primary_metric": gate.primary_metric,
+            return {"passed": passed, "reason": recorded.get("gate_reason", ""), "primary_metric": metric.name,
                     "candidate": candidate_global, "site_deltas": {}, "version": version, "previous_champion": None,
                     "champion": str(current.version) if current is not None else None}
         evaluated = champion["version"] if champion else None
         if current is not None and str(current.version) != evaluated:
             logger.warning("champion moved to v%s since this job evaluated v%s; comparing with its recorded "
                            "metrics", current.version, evaluated)
-            champion_global, champion_sites = _recorded_metrics(current, gate.primary_metric)
+            champion_global, champion_sites = _recorded_metrics(current, metric.name)
         elif current is None:
             champion_global, champion_sites = None, None
-        decision = decide(gate, candidate_global, candidate_sites, champion_global, champion_sites)
+        decision = decide(gate, metric, candidate_global, candidate_sites, champion_global, champion_sites)
         client.set_model_version_tag(name, version, "gate_reason", decision.reason)
         if decision.passed:
             client.set_registered_model_alias(name, "champion", version)
@@ -347,13 +350,25 @@ def ensure_registry_lock(model_name: str) -> None:
 
 @task(task_run_name="mlflow-figures")
 def log_figures(
-    parent_run_id: str, evaluated: dict[str, dict[str, Any]], site_metrics: dict[str, dict[str, float]]
+    parent_run_id: str, evaluated: dict[str, dict[str, Any]], site_metrics: dict[str, dict[str, float]],
+    metric_names: list[str],
 ) -> None:
-    """PR curves (per site and global, from score histograms) and a per-site metrics bar chart."""
+    """A per-site metrics bar chart; for a binary task PR curves (per site and global, from score
+    histograms), for a multi-class one the global confusion matrix (the sum of the sites')."""
     import matplotlib.pyplot as plt
 
-    from insitu.plots import pr_curve_figure, site_metrics_figure
+    from insitu.plots import confusion_figure, pr_curve_figure, site_metrics_figure
 
+    fig = site_metrics_figure(site_metrics, metric_names)
+    MlflowClient().log_figure(parent_run_id, fig, "plots/site_metrics.png")
+    plt.close(fig)
+    matrices = [np.asarray(m["confusion"]) for m in evaluated.values() if "confusion" in m]
+    if matrices:
+        fig = confusion_figure(np.sum(matrices, axis=0))
+        MlflowClient().log_figure(parent_run_id, fig, "plots/confusion_matrix.png")
+        plt.close(fig)
+    if not any(m.get("task", "binary") == "binary" for m in evaluated.values() if "withheld" not in m):
+        return
     curves = {s: (m["hist_pos"], m["hist_neg"]) for s, m in evaluated.items() if "hist_pos" in m}
     withheld = sorted(s for s in evaluated if s not in curves)
     if withheld:  # the figure names them too; the tag makes them searchable
@@ -364,9 +379,6 @@ def log_figures(
         curves = {**curves, "global": (pos, neg)}
     fig = pr_curve_figure(curves, withheld=withheld)
     MlflowClient().log_figure(parent_run_id, fig, "plots/pr_curve.png")
-    plt.close(fig)
-    fig = site_metrics_figure(site_metrics, ["roc_auc", "pr_auc"])
-    MlflowClient().log_figure(parent_run_id, fig, "plots/site_metrics.png")
     plt.close(fig)
 
 

@@ -7,6 +7,8 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
+from insitu.config import TrainingConfig
+from insitu.federated.aggregators import build_aggregator
 from insitu.federated.kinds import COORDINATOR
 from insitu.federated.rounds import round_name
 from insitu.parallel import CheckpointRef, DataRef, TrainSpec, train_site
@@ -16,7 +18,7 @@ from tasks.retry import retry_if_transient
 
 @task(retries=2, retry_delay_seconds=2, retry_condition_fn=retry_if_transient,
       task_run_name="train-{ctx.site}-round-{rnd}")
-def train_round(ctx: SiteContext, rnd: int, n_features: int, pos_weight: float) -> dict[str, Any]:
+def train_round(ctx: SiteContext, rnd: int, norm: dict[str, Any]) -> dict[str, Any]:
     """Train from the global weights of round ``rnd`` with the configured strategy; publish the update."""
     logger = get_run_logger()
     t = ctx.conf.training
@@ -25,9 +27,10 @@ def train_round(ctx: SiteContext, rnd: int, n_features: int, pos_weight: float) 
     # A retry of this task (or a re-run of the job) resumes from the round's newest checkpoint.
     ckpt = CheckpointRef(ctx.store, f"checkpoints/{job_id}/{round_name(rnd)}", t.checkpoint.every_steps) \
         if t.checkpoint.enabled else None
-    spec = TrainSpec(training=t, n_features=n_features, state=state, pos_weight=pos_weight,
-                     seed=t.seed * 1000 + rnd, data=DataRef(ctx.store, ctx.conf.dataset_name, job_id, "train"),
-                     checkpoint=ckpt)
+    spec = TrainSpec(training=t, task=ctx.conf.task(), n_features=len(norm["mean"]), state=state,
+                     loss_params=norm["loss_params"], seed=t.seed * 1000 + rnd,
+                     data=DataRef(ctx.store, ctx.conf.dataset_name, job_id, "train"), checkpoint=ckpt,
+                     site_options=site_options(t, rnd))
     address = os.environ.get(ctx.conf.sites.site(ctx.site).dask.scheduler_env)
     result = train_site(spec, address)
     # The ranks read the site's prepared train split on the site's own Dask workers.
@@ -45,3 +48,12 @@ def train_round(ctx: SiteContext, rnd: int, n_features: int, pos_weight: float) 
                 result.metrics["train_loss"], result.metrics["samples_per_s"], result.metrics.get("comm_s", 0.0),
                 result.metrics.get("resumed_from_step", 0), published["bytes"])
     return published
+
+
+def site_options(training: TrainingConfig, rnd: int) -> dict[str, float]:
+    """What the aggregator asks sites to train with in round ``rnd`` (e.g. FedProx's ``proximal_mu``).
+
+    Computed from the site's own copy of the training config, not read from the exchange: the coordinator
+    cannot change how a site trains beyond what the approved config says.
+    """
+    return build_aggregator(training.aggregator.name, training.aggregator.options).configure(rnd)

@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 import pytest
 
-from insitu.stack import REPO, Platform
+from deployments.platform import REPO, Platform
 
 
 @pytest.fixture(scope="session")
@@ -44,13 +44,13 @@ def platform() -> Iterator[Platform]:
 @pytest.fixture(scope="session")
 def deployed(platform: Platform) -> Platform:
     from deployments.deploy import deploy_all
-    from insitu.config import load_conf
+    from insitu.config import load_conf, load_datasets
     from insitu.data.seed import seed
 
     conf = load_conf("fraud", directory=platform.conf_dir)
     seeded = seed(conf, rows_per_site=int(os.environ.get("INSITU_E2E_ROWS", "3000")))
     platform.state["seeded"] = seeded
-    deploy_all(conf.sites)
+    deploy_all(conf.sites, load_datasets(platform.conf_dir / "datasets.yaml"))
     approve(platform, "fraud")  # what the UI trigger and scheduled runs of `fraud` run under
     return platform
 

@@ -37,8 +37,26 @@ def featurize(df: pd.DataFrame, schema: SchemaConfig) -> tuple[np.ndarray, np.nd
         elif spec.type == "bool":
             cols.append(v.to_numpy(dtype=np.float64))
     x = np.stack(cols, axis=1).astype(np.float32) if len(df) else np.zeros((0, len(feature_names(schema))), np.float32)
-    y = df[schema.label].to_numpy(dtype=np.float32)
-    return x, y
+    return x, encode_label(df[schema.label], schema)
+
+
+def label_classes(schema: SchemaConfig) -> int | None:
+    """How many classes the label has (2 for bool, the list's length for category), None for a number."""
+    spec = schema.columns[schema.label]
+    if spec.type == "bool":
+        return 2
+    if spec.type == "category":
+        return len(spec.values or [])
+    return None
+
+
+def encode_label(values: pd.Series, schema: SchemaConfig) -> np.ndarray:
+    """The label as float32: 0/1 for bool, the index in the schema's list for category, the value otherwise."""
+    spec = schema.columns[schema.label]
+    if spec.type == "category":
+        index = {v: i for i, v in enumerate(spec.values or [])}
+        return values.astype(str).map(index).to_numpy(dtype=np.float32)
+    return values.to_numpy(dtype=np.float32)
 
 
 def assign_split(ids: pd.Series, split: SplitConfig, seed: int) -> np.ndarray:

@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from insitu.config import SchemaConfig, ShardConfig, SplitConfig
-from insitu.data.features import assign_split, featurize
+from insitu.data.features import assign_split, featurize, label_classes
 from insitu.data.schema import REASON, validate
 from insitu.federated.stats import combine, partial_stats
 from insitu.storage import Store
@@ -123,7 +123,7 @@ def prepare_shard(
         )
         rep.split_counts[name] = int(m.sum())
         if name == "train":
-            rep.train_stats = partial_stats(x[m], y[m])
+            rep.train_stats = partial_stats(x[m], y[m], label_classes(schema))
     return rep
 
 

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from insitu.federated.aggregators import Aggregator, FedAvg, Update
 from insitu.federated.exchange import Exchange, enforce_protocol
-from insitu.federated.fedavg import fedavg
 from insitu.federated.kinds import COORDINATOR, MAX_UPDATE_NORM, ExchangeError, site_budgets
 
 log = logging.getLogger(__name__)
@@ -23,6 +23,11 @@ log = logging.getLogger(__name__)
 
 def round_name(r: int) -> str:
     return f"round-{r:04d}"
+
+
+def aggregator_state_name(r: int) -> str:
+    """The aggregator's state kept after it produced round ``r``'s global model."""
+    return f"aggregator-{round_name(r)}"
 
 
 class QuorumError(RuntimeError):
@@ -97,8 +102,14 @@ def run_round(
     deadline_s: float,
     is_alive: Callable[[str], bool] | None = None,
     max_update_norm: float = MAX_UPDATE_NORM,
+    aggregator: Aggregator | None = None,
 ) -> RoundResult:
-    """Collect, check the quorum, FedAvg by samples, publish global weights for round ``rnd + 1``.
+    """Collect, check the quorum, aggregate (FedAvg unless ``aggregator`` says otherwise), publish the global
+    weights of round ``rnd + 1``.
+
+    A stateful aggregator (FedAdam's moments) gets back the state it kept after the previous round, read from
+    the exchange, and its new state is written there before the new global weights: a resumed job (whose
+    finished rounds are recognised by their weights) therefore always finds the state that goes with them.
 
     Raises
     ------
@@ -139,15 +150,22 @@ def run_round(
             log.warning("round %d: %s's update is rejected: %s", rnd, s, e)
             rejected[s] = str(e)
             continue
-        updates.append((state, int(man["n_samples"])))
+        updates.append(Update(s, state, int(man["n_samples"])))
         metrics[s] = _round_metrics(man)
     arrived = [s for s in arrived if s not in rejected]
     missing = missing + list(rejected)
     if len(arrived) < min_sites:  # … and after dropping updates that were not valid for this round
         raise QuorumError(f"round {rnd}: quorum not met: {len(arrived)} valid update(s) from {arrived} < "
                           f"min_sites={min_sites}; missing or invalid: {missing}; rejected: {rejected}")
-    total = sum(n for _, n in updates)
-    man = ex.put_state("weights", round_name(rnd + 1), fedavg(updates), reference=global_state,
+    total = sum(u.n_samples for u in updates)
+    aggregator = aggregator or FedAvg()
+    kept_name = aggregator_state_name(rnd)
+    before = ex.get_state("weights", kept_name, writer=COORDINATOR)[0] \
+        if rnd > 0 and ex.exists("weights", f"{kept_name}.manifest.json", writer=COORDINATOR) else None
+    new_global, kept = aggregator.aggregate(rnd, global_state, updates, before)
+    if kept is not None:
+        ex.put_state("weights", aggregator_state_name(rnd + 1), kept)
+    man = ex.put_state("weights", round_name(rnd + 1), new_global, reference=global_state,
                        max_norm=max_update_norm, round=rnd + 1, sites=arrived, n_samples=total)
     return RoundResult(rnd, arrived, missing, total, metrics, sha256=man["sha256"], rejected=rejected)
 

@@ -40,6 +40,7 @@ MAX_SITES = 64
 MAX_SHARDS = 256
 MAX_FEATURES = 1024
 MAX_BINS = 1000
+MAX_CLASSES = 100
 MAX_ROUNDS = 10_000
 MAX_TEXT = 2000
 
@@ -47,7 +48,9 @@ MAX_TEXT = 2000
 Site = Annotated[str, StringConstraints(pattern=SITE_NAME)]  # the coordinator's name fits it too
 JobId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")]
 Ident = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,100}$")]  # shard ids, pools, users, versions
-StateName = Annotated[str, StringConstraints(pattern=r"^(round-\d{4,5}|champion)$")]
+# round-N: a global model (or a site's update); champion: the registry's; aggregator-round-N: what the aggregator
+# keeps after producing round N's global model (e.g. FedAdam's moments), for a resumed job to continue from.
+StateName = Annotated[str, StringConstraints(pattern=r"^(round-\d{4,5}|champion|aggregator-round-\d{4,5})$")]
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 Hash = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8,64}$")]
 Timestamp = Annotated[str, StringConstraints(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?(Z|[+-]\d\d:\d\d)?$")]
@@ -85,18 +88,29 @@ class Plan(Doc):
 
 
 # ------------------------------------------------------------------ stats
+ClassCounts = Annotated[list[Count], Field(min_length=2, max_length=MAX_CLASSES)]
+
+
 class TrainStats(Doc):
+    """A train split's sums; the label's part is its count per class, or its sum and sum of squares."""
+
     n: Count
     sum: Vector
     sumsq: Vector
-    positives: Count
+    label_counts: ClassCounts | None = None
+    label_sum: float | None = None
+    label_sumsq: float | None = None
 
     @model_validator(mode="after")
     def _floor(self) -> TrainStats:
         if 0 < self.n < MIN_ROWS:
             raise ValueError(f"statistics over {self.n} rows; the floor is {MIN_ROWS}")
-        if len(self.sum) != len(self.sumsq) or self.positives > self.n:
-            raise ValueError("sum and sumsq differ in length, or positives exceed n")
+        if len(self.sum) != len(self.sumsq):
+            raise ValueError("sum and sumsq differ in length")
+        if self.label_counts is not None and sum(self.label_counts) != self.n:
+            raise ValueError("the class counts do not add up to n")
+        if (self.label_sum is None) != (self.label_sumsq is None):
+            raise ValueError("label_sum and label_sumsq come together")
         return self
 
 
@@ -131,8 +145,11 @@ class GlobalStats(Doc):
     mean: Vector
     std: Vector
     n: Count
-    positives: Count
-    pos_weight: float
+    label_counts: ClassCounts | None = None
+    out_shift: float = 0.0  # the label's mean (regression), else 0
+    out_scale: float = 1.0  # the label's standard deviation (regression), else 1
+    loss_params: Annotated[dict[MetricName, float | Annotated[list[float], Field(max_length=MAX_CLASSES)]],
+                           Field(max_length=8)]
 
     @model_validator(mode="after")
     def _widths(self) -> GlobalStats:
@@ -194,14 +211,15 @@ class UpdateManifest(StateManifest):
 
 
 # ------------------------------------------------------------------ metrics (sites)
-class ModelMetrics(Doc):
-    """One model's metrics on a site's test split, over at least the floor of rows.
+class BinaryMetrics(Doc):
+    """One model's metrics on a site's test split (binary task), over at least the floor of rows.
 
     ``hist_pos``/``hist_neg`` count the scores of each class per bin of a fixed grid; they are coarsened
     before publication (:func:`insitu.metrics.floor_histograms`) so that no non-empty bin holds fewer rows
     than the floor.
     """
 
+    task: Literal["binary"] = "binary"
     roc_auc: float
     pr_auc: float
     loss: float
@@ -211,7 +229,7 @@ class ModelMetrics(Doc):
     hist_neg: Annotated[list[Count], Field(min_length=1, max_length=MAX_BINS)] | None = None
 
     @model_validator(mode="after")
-    def _histograms(self) -> ModelMetrics:
+    def _histograms(self) -> BinaryMetrics:
         pos, neg = self.hist_pos, self.hist_neg
         if pos is None and neg is None:
             return self
@@ -224,6 +242,46 @@ class ModelMetrics(Doc):
         return self
 
 
+class MulticlassMetrics(Doc):
+    """One model's metrics on a site's split (multi-class task): counts of true × predicted class."""
+
+    task: Literal["multiclass"]
+    accuracy: float
+    macro_f1: float
+    log_loss: float
+    loss: float
+    count: Annotated[float, Field(ge=MIN_ROWS)]
+    confusion: Annotated[list[Annotated[list[Count], Field(max_length=MAX_CLASSES)]], Field(min_length=2,
+                                                                                          max_length=MAX_CLASSES)]
+
+    @model_validator(mode="after")
+    def _square(self) -> MulticlassMetrics:
+        k = len(self.confusion)
+        if any(len(row) != k for row in self.confusion):
+            raise ValueError("the confusion matrix is not square")
+        if sum(map(sum, self.confusion)) != self.count:
+            raise ValueError("the confusion matrix does not count the split's rows")
+        return self
+
+
+class RegressionMetrics(Doc):
+    """One model's metrics on a site's split (regression task), with the sums they combine from."""
+
+    task: Literal["regression"]
+    rmse: float
+    mae: float
+    r2: float
+    loss: float
+    count: Annotated[float, Field(ge=MIN_ROWS)]
+    sse: Annotated[float, Field(ge=0.0)]
+    sae: Annotated[float, Field(ge=0.0)]
+    label_sum: float
+    label_sumsq: Annotated[float, Field(ge=0.0)]
+
+
+ModelMetrics = BinaryMetrics | MulticlassMetrics | RegressionMetrics
+
+
 class Withheld(Doc):
     """Published instead of a model's metrics when the split is under the floor."""
 
@@ -231,12 +289,15 @@ class Withheld(Doc):
 
 
 def _metrics_or_withheld(v: object) -> str:
-    # Chosen by the one key that tells them apart, so that a refusal explains the one schema that applies.
-    return "withheld" if isinstance(v, dict) and "withheld" in v else "metrics"
+    # Chosen by the key that tells them apart, so that a refusal explains the one schema that applies.
+    if not isinstance(v, dict) or "withheld" in v:
+        return "withheld"
+    return str(v.get("task", "binary"))
 
 
 MetricsOrWithheld = Annotated[
-    Annotated[ModelMetrics, Tag("metrics")] | Annotated[Withheld, Tag("withheld")],
+    Annotated[BinaryMetrics, Tag("binary")] | Annotated[MulticlassMetrics, Tag("multiclass")]
+    | Annotated[RegressionMetrics, Tag("regression")] | Annotated[Withheld, Tag("withheld")],
     Discriminator(_metrics_or_withheld),
 ]
 
@@ -308,6 +369,8 @@ class Summary(Doc):
     started: Timestamp
     finished: Timestamp
     withheld: Annotated[dict[Label, Annotated[list[Site], Field(max_length=MAX_SITES)]], Field(max_length=4)] = {}
+    task: MetricName = "binary"
+    metric_names: Annotated[list[MetricName], Field(max_length=8)] = ["roc_auc", "pr_auc", "loss"]
 
 
 # ------------------------------------------------------------------ control (coordinator)
@@ -330,7 +393,7 @@ class Artefact:
     schema: type[Doc] | None
 
 
-_STATE = r"(round-\d{4,5}|champion)"
+_STATE = r"(round-\d{4,5}|champion|aggregator-round-\d{4,5})"
 ARTEFACTS: tuple[Artefact, ...] = (
     Artefact("plan", re.compile(r"plan\.json"), "coordinator", 256 * KIB, Plan),
     Artefact("stats", re.compile(r"prepare\.json"), "site", 64 * KIB, PrepareStats),

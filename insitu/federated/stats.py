@@ -13,8 +13,12 @@ from typing import Any
 import numpy as np
 
 
-def partial_stats(x: np.ndarray, y: np.ndarray | None = None) -> dict[str, Any]:
-    """Aggregate statistics of a feature matrix ``x`` (rows × features) and binary labels ``y``."""
+def partial_stats(x: np.ndarray, y: np.ndarray | None = None, classes: int | None = 2) -> dict[str, Any]:
+    """Aggregate statistics of a feature matrix ``x`` (rows × features) and its labels ``y``.
+
+    With ``classes`` (labels are class indices ``0 … classes-1``; 2 for a binary label) the label's part is
+    its count per class (``label_counts``); with ``classes=None`` (a numeric label) its sum and sum of squares.
+    """
     x64 = np.asarray(x, dtype=np.float64)
     out: dict[str, Any] = {
         "n": int(x64.shape[0]),
@@ -22,7 +26,11 @@ def partial_stats(x: np.ndarray, y: np.ndarray | None = None) -> dict[str, Any]:
         "sumsq": (x64 * x64).sum(axis=0).tolist(),
     }
     if y is not None:
-        out["positives"] = int(np.asarray(y).sum())
+        y64 = np.asarray(y, dtype=np.float64)
+        if classes is not None:
+            out["label_counts"] = np.bincount(y64.astype(np.int64), minlength=classes)[:classes].tolist()
+        else:
+            out["label_sum"], out["label_sumsq"] = float(y64.sum()), float((y64 * y64).sum())
     return out
 
 
@@ -30,16 +38,25 @@ def combine(parts: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Sum partial statistics from several shards or sites."""
     parts = [p for p in parts if p and p.get("n", 0) > 0]
     if not parts:
-        return {"n": 0, "sum": [], "sumsq": [], "positives": 0}
+        return {"n": 0, "sum": [], "sumsq": []}
     width = len(parts[0]["sum"])
     if any(len(p["sum"]) != width for p in parts):
         raise ValueError("partial statistics have different feature widths")
-    return {
+    out: dict[str, Any] = {
         "n": sum(int(p["n"]) for p in parts),
         "sum": np.sum([p["sum"] for p in parts], axis=0).tolist(),
         "sumsq": np.sum([p["sumsq"] for p in parts], axis=0).tolist(),
-        "positives": sum(int(p.get("positives", 0)) for p in parts),
     }
+    if all("label_counts" in p for p in parts):
+        if len({len(p["label_counts"]) for p in parts}) != 1:
+            raise ValueError("partial statistics count different numbers of classes")
+        out["label_counts"] = np.sum([p["label_counts"] for p in parts], axis=0).astype(int).tolist()
+    elif all("label_sum" in p for p in parts):
+        out["label_sum"] = float(sum(float(p["label_sum"]) for p in parts))
+        out["label_sumsq"] = float(sum(float(p["label_sumsq"]) for p in parts))
+    elif any("label_counts" in p or "label_sum" in p for p in parts):
+        raise ValueError("partial statistics describe their labels differently (class counts and sums mixed)")
+    return out
 
 
 def mean_std(stats: dict[str, Any], eps: float = 1e-6) -> tuple[list[float], list[float]]:

@@ -65,6 +65,7 @@ CEDAR_SCHEMA: dict[str, Any] = {
                 "context": {"type": "Record", "attributes": {
                     "purpose": {"type": "String"}, "training": {"type": "String"},
                     "strategy": {"type": "String"}, "aggregator": {"type": "String"},
+                    "task": {"type": "String"}, "model": {"type": "String"},
                     "rounds": {"type": "Long"}, "local_epochs": {"type": "Long"},
                     "ranks_per_site": {"type": "Long"}, "standing": {"type": "Bool"},
                 }},
@@ -86,7 +87,23 @@ permit (
 when {
   context.purpose == "fraud-detection" &&
   ["single", "ddp"].contains(context.strategy) &&
-  ["fedavg"].contains(context.aggregator) &&
+  ["fedavg", "fedprox", "fedadam", "fedyogi", "fedadagrad", "median", "trimmed_mean"].contains(context.aggregator) &&
+  ["tabular_mlp", "fraud_mlp"].contains(context.model) &&
+  context.rounds <= 50
+};
+
+// The shipped multi-class example (handwritten digits), under the same reviewed code.
+@id("data-scientists-digits")
+permit (
+  principal in Insitu::Role::"data-scientist",
+  action in [Insitu::Action::"prepare", Insitu::Action::"train", Insitu::Action::"evaluate"],
+  resource == Insitu::Dataset::"digits"
+)
+when {
+  context.purpose == "digit-recognition" &&
+  ["single", "ddp"].contains(context.strategy) &&
+  ["fedavg", "fedprox", "fedadam", "fedyogi", "fedadagrad", "median", "trimmed_mean"].contains(context.aggregator) &&
+  context.model == "tabular_mlp" &&
   context.rounds <= 50
 };
 
@@ -250,7 +267,8 @@ def _policy_ids(cedar: str) -> dict[str, str]:
 def job_context(training: Any) -> dict[str, Any]:
     """What a job will really run with (a :class:`insitu.config.TrainingConfig`, overrides applied), as
     :func:`decide` takes it: the Cedar context's attributes and the values a standing approval bounds."""
-    return {"strategy": training.strategy, "aggregator": training.aggregator, "rounds": training.rounds,
+    return {"strategy": training.strategy, "aggregator": training.aggregator.name, "task": training.task.name,
+            "model": training.model.name, "rounds": training.rounds,
             "local_epochs": training.local_epochs, "ranks_per_site": training.ranks_per_site,
             "batch_size": training.batch_size}
 
@@ -304,7 +322,8 @@ def decide(
         return deny(refusal[0], refusal[1], signed, who)
 
     ctx = {"purpose": req.purpose, "training": training, "standing": req.standing,
-           **{k: context[k] for k in ("strategy", "aggregator", "rounds", "local_epochs", "ranks_per_site")}}
+           **{k: context[k] for k in ("strategy", "aggregator", "task", "model", "rounds", "local_epochs",
+                                      "ranks_per_site")}}
     result = cedarpy.is_authorized(
         {"principal": f'Insitu::Principal::"{who}"', "action": f'Insitu::Action::"{action}"',
          "resource": f'Insitu::Dataset::"{dataset}"', "context": ctx},

@@ -1,0 +1,130 @@
+"""Models: the built-in ones by name, and a user's own ``nn.Module`` factory by import path.
+
+Contract of a model factory (built in, or ``model.name: "package.module:function"`` in a training config)::
+
+    def make(n_features: int, n_outputs: int, **options) -> torch.nn.Module
+
+``options`` are the config's ``model.options`` (for the built-in ``tabular_mlp``: ``hidden`` and
+``dropout``). The module takes a float32 tensor ``(batch, n_features)`` of *standardised* features and
+returns ``(batch, n_outputs)`` (or ``(batch,)`` when ``n_outputs`` is 1): logits for classification, the
+standardised prediction for regression. insitu wraps it in :class:`Standardized`, whose buffers carry the
+global feature mean and std (from federated statistics) and the label's shift and scale, so the registered
+model takes raw features and predicts in the label's units. The factory must build the same module, with
+the same parameter names, on every site and on the coordinator: its module must be importable in every
+site's environment (installed, or in the checkout the site runs from). Adding a built-in model is one file
+here plus its entry in ``MODELS``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from insitu.config import ModelConfig
+from insitu.models.tabular_mlp import tabular_mlp
+
+ModelFactory = Callable[..., nn.Module]
+
+# The one list of built-in models; `fraud_mlp` is the name configs used before the MLP became generic.
+MODELS: dict[str, ModelFactory] = {"tabular_mlp": tabular_mlp, "fraud_mlp": tabular_mlp}
+
+
+class ModelContractError(ValueError):
+    """A model factory is missing, or builds a module that does not keep the contract."""
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """The global feature mean and std, and the shift and scale of the output (regression's label)."""
+
+    mean: Sequence[float]
+    std: Sequence[float]
+    out_shift: float = 0.0
+    out_scale: float = 1.0
+
+    @classmethod
+    def from_global(cls, stats: Mapping[str, Any]) -> Normalization:
+        """From a job's global statistics (``stats/global.json`` on the exchange)."""
+        return cls(stats["mean"], stats["std"], float(stats.get("out_shift", 0.0)), float(stats.get("out_scale", 1.0)))
+
+
+class Standardized(nn.Module):
+    """``out_shift + out_scale · core((x - mean) / std)``: a model that carries its own normalisation."""
+
+    def __init__(self, core: nn.Module, n_features: int, n_outputs: int, norm: Normalization | None = None) -> None:
+        super().__init__()
+        norm = norm or Normalization([0.0] * n_features, [1.0] * n_features)
+        self.register_buffer("mean", torch.tensor(list(norm.mean), dtype=torch.float32))
+        self.register_buffer("std", torch.tensor(list(norm.std), dtype=torch.float32))
+        self.register_buffer("out_shift", torch.tensor(float(norm.out_shift)))
+        self.register_buffer("out_scale", torch.tensor(float(norm.out_scale)))
+        self.core = core
+        self.n_outputs = n_outputs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.core((x - self.mean) / self.std)
+        if self.n_outputs == 1 and z.dim() == 2:
+            z = z.squeeze(-1)
+        return z * self.out_scale + self.out_shift
+
+
+def model_factory(cfg: ModelConfig) -> tuple[ModelFactory, dict[str, Any]]:
+    """The factory ``cfg`` names and the keyword arguments it is called with."""
+    if cfg.name in MODELS:
+        return MODELS[cfg.name], {"hidden": list(cfg.hidden), "dropout": cfg.dropout, **cfg.options}
+    module, _, attr = cfg.name.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ModelContractError(f"model {cfg.name!r}: cannot import {attr!r} from {module!r} ({type(e).__name__}: "
+                                 f"{e}); install the module where every site and the coordinator run, or name a "
+                                 f"built-in model ({sorted(MODELS)})") from None
+    if not callable(factory):
+        raise ModelContractError(f"model {cfg.name!r}: {attr!r} is not callable")
+    return factory, dict(cfg.options)
+
+
+def build_model(
+    cfg: ModelConfig, n_features: int, n_outputs: int = 1, norm: Normalization | None = None
+) -> Standardized:
+    """Build the configured model; every site and the coordinator build it the same way.
+
+    Raises
+    ------
+    ModelContractError
+        When the factory cannot be imported, fails, returns no ``nn.Module`` or one whose output has the
+        wrong shape (checked on two rows of zeros).
+    """
+    factory, options = model_factory(cfg)
+    try:
+        core = factory(n_features, n_outputs, **options)
+    except TypeError as e:
+        raise ModelContractError(f"model {cfg.name!r} cannot be built with n_features={n_features}, "
+                                 f"n_outputs={n_outputs} and options {sorted(options)}: {e}") from None
+    if not isinstance(core, nn.Module):
+        raise ModelContractError(f"model {cfg.name!r}: the factory returned {type(core).__name__}, not an nn.Module")
+    model = Standardized(core, n_features, n_outputs, norm)
+    _check_shape(model, cfg.name, n_features, n_outputs)
+    return model
+
+
+def _check_shape(model: nn.Module, name: str, n_features: int, n_outputs: int) -> None:
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(torch.zeros(2, n_features))
+    except Exception as e:
+        raise ModelContractError(f"model {name!r} fails on input of shape (2, {n_features}): "
+                                 f"{type(e).__name__}: {e}") from None
+    finally:
+        model.train(was_training)
+    want = (2,) if n_outputs == 1 else (2, n_outputs)
+    if tuple(out.shape) != want:
+        raise ModelContractError(f"model {name!r} returns shape {tuple(out.shape)} for input (2, {n_features}); "
+                                 f"the task needs {want} (n_outputs={n_outputs})")

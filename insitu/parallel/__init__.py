@@ -1,7 +1,8 @@
-"""In-region training. A strategy is one module; ``train_site`` picks and launches it.
+"""In-region training. A strategy is one module (``strategies.py`` lists them); ``train_site`` launches it.
 
-``single`` runs in this process; ``ddp`` runs ``ranks_per_site`` ranks on the site's Dask workers
-(``launch.py``) and also runs under plain ``torchrun`` (``python -m insitu.parallel.run``).
+A strategy that is not ``DISTRIBUTED`` (``single``) runs in this process; one that is (``ddp``) runs
+``ranks_per_site`` ranks on the site's Dask workers (``launch.py``), and also under plain ``torchrun``
+(``python -m insitu.parallel.run``). Every rank runs :func:`insitu.parallel.rank.rank_main`.
 """
 
 from __future__ import annotations
@@ -13,17 +14,18 @@ __all__ = ["CheckpointRef", "DataRef", "TrainResult", "TrainSpec", "train_site"]
 
 def train_site(spec: TrainSpec, dask_address: str | None = None) -> TrainResult:
     """Run the configured strategy on this site's training data."""
-    strategy = spec.training.strategy
-    if strategy == "single":
-        from insitu.parallel import single
+    from insitu.parallel.rank import rank_main
+    from insitu.parallel.strategies import strategy_module
 
-        return single.train(spec)
-    if strategy == "ddp":
-        from insitu.parallel import ddp
-        from insitu.parallel.launch import launch_on_dask
+    strategy = strategy_module(spec.training.strategy)
+    if not strategy.DISTRIBUTED:
+        result = rank_main(0, 1, spec)
+        if result is None:  # rank 0 always returns its result
+            raise RuntimeError("rank 0 returned no result")
+        return result
+    from insitu.parallel.launch import launch_on_dask
 
-        if not dask_address:
-            raise ValueError("strategy 'ddp' needs the site's Dask scheduler address")
-        results = launch_on_dask(dask_address, ddp.rank_main, spec.training.ranks_per_site, spec)
-        return next(r for r in results if r is not None)
-    raise ValueError(f"strategy {strategy!r} is not available; have ['single', 'ddp']")
+    if not dask_address:
+        raise ValueError(f"strategy {spec.training.strategy!r} needs the site's Dask scheduler address")
+    results = launch_on_dask(dask_address, rank_main, spec.training.ranks_per_site, spec)
+    return next(r for r in results if r is not None)

@@ -36,16 +36,19 @@ def train_epochs(
     x: np.ndarray,
     y: np.ndarray,
     cfg: TrainingConfig,
-    pos_weight: float,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     seed: int,
     world: int = 1,
     comm_seconds: Callable[[], float] | None = None,
     on_step: Callable[[dict[str, float]], None] | None = None,
     checkpointer: Checkpointer | None = None,
+    proximal: tuple[dict[str, torch.Tensor], float] | None = None,
 ) -> dict[str, float]:
     """Train ``model`` (plain or DDP-wrapped) on this rank's rows for ``cfg.local_epochs`` epochs.
 
-    ``x``/``y`` are this rank's rows already. With a ``checkpointer``, resumes from its newest
+    ``x``/``y`` are this rank's rows already; ``loss_fn(outputs, y)`` is the task's loss. With ``proximal``
+    ``(reference_state, mu)`` the FedProx term ``mu/2 · ‖w − w_ref‖²`` is added to every step's loss. With a
+    ``checkpointer``, resumes from its newest
     checkpoint and saves one every ``every_steps`` steps and at each epoch's end. Returns loss, steps,
     throughput, communication time and the step it resumed from.
     """
@@ -54,7 +57,13 @@ def train_epochs(
     xt = torch.from_numpy(np.ascontiguousarray(x)).to(dev)
     yt = torch.from_numpy(np.ascontiguousarray(y)).to(dev)
     opt = make_optimizer(model, cfg)
-    loss_fn = nn.BCEWithLogitsLoss(pos_weight=torch.tensor(pos_weight, device=dev))
+    prox = None
+    if proximal is not None:
+        from insitu.federated.aggregators.fedprox import proximal_term
+
+        # The round's global weights, on this rank's device, keyed as the (possibly wrapped) model names them.
+        ref = {k: v.to(dev) for k, v in proximal[0].items()}
+        prox = (ref, float(proximal[1]))
     local_batch = max(1, cfg.batch_size // world)
     resumed = checkpointer.restore(model, opt) if checkpointer else None
     start_epoch, start_batch = (resumed["epoch"], resumed["batch"]) if resumed else (0, 0)
@@ -75,6 +84,8 @@ def train_epochs(
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(xt[idx]), yt[idx])
+            if prox is not None:
+                loss = loss + proximal_term(getattr(model, "module", model), prox[0], prox[1])
             loss.backward()
             opt.step()
             dt = time.perf_counter() - t0

@@ -15,15 +15,17 @@ import argparse
 import json
 import logging
 import os
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from insitu.config import StorageRef, load_training
+from insitu.config import StorageRef, load_conf
+from insitu.data.features import label_classes
 from insitu.data.loader import load_rank_part_cached
 from insitu.federated.stats import combine, mean_std, partial_stats
-from insitu.models.fraud_mlp import build_model
-from insitu.parallel import ddp
+from insitu.models import Normalization, build_model
+from insitu.parallel.rank import rank_main
 from insitu.parallel.types import DataRef, TrainSpec
 from insitu.storage import store_from_env
 
@@ -32,7 +34,9 @@ log = logging.getLogger("insitu.parallel.run")
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", required=True, help="training YAML (strategy/ranks are taken from torchrun)")
+    ap.add_argument("--config", required=True, help="training YAML (ranks are taken from torchrun)")
+    ap.add_argument("--conf-dir", default=None, help="the conf/ folder whose datasets.yaml defines --dataset "
+                    "(default: the folder above the training config's, as in conf/training/NAME.yaml)")
     ap.add_argument("--data", required=True, help="the site's store URL (file:// or s3:// with env credentials)")
     ap.add_argument("--dataset", default="fraud")
     ap.add_argument("--job-id", required=True, help="the job whose prepared data to train on")
@@ -55,21 +59,24 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.setLogRecordFactory(factory)
     try:
-        cfg = load_training(args.config)
+        conf_dir = args.conf_dir or Path(args.config).resolve().parent.parent
+        conf = load_conf(args.config, args.dataset, conf_dir)
+        cfg, task = conf.training, conf.task()
         ref = StorageRef(storage=args.data, endpoint_env=args.endpoint_env)
         store = store_from_env(ref, "this site")
         part = load_rank_part_cached(store, args.dataset, args.job_id, "train", rank, world)
         parts: list[dict[str, object] | None] = [None] * world
-        dist.all_gather_object(parts, partial_stats(part.x, part.y))  # aggregates only, as across sites
+        # Aggregates only, as across sites.
+        dist.all_gather_object(parts, partial_stats(part.x, part.y, label_classes(conf.dataset.schema_)))
         stats = combine(p for p in parts if p is not None)
         mean, std = mean_std(stats)
         n_features = part.x.shape[1]
         torch.manual_seed(cfg.seed)
-        state = build_model(cfg.model, n_features, mean, std).state_dict()
-        pos_weight = float((stats["n"] - stats["positives"]) / max(stats["positives"], 1))
-        spec = TrainSpec(cfg, n_features, state, DataRef(store, args.dataset, args.job_id),
-                         pos_weight=pos_weight, seed=cfg.seed)
-        result = ddp.rank_main(rank, world, spec)
+        norm = Normalization(mean, std, *task.output_norm(stats))
+        state = build_model(cfg.model, n_features, task.n_outputs, norm).state_dict()
+        spec = TrainSpec(cfg, task, n_features, state, DataRef(store, args.dataset, args.job_id),
+                         loss_params=task.loss_params(stats), seed=cfg.seed)
+        result = rank_main(rank, world, spec)
         dist.barrier()
         if rank == 0 and result is not None:
             log.info("trained on %d rows with %d ranks: %s", result.n_samples, world, json.dumps(result.metrics))

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
 
 from insitu.config import TrainingConfig
 from insitu.storage import Store
 
 if TYPE_CHECKING:
     import torch
+
+    from insitu.specs.base import TaskSpec
 
 
 @dataclass
@@ -33,15 +38,21 @@ class CheckpointRef:
 
 @dataclass
 class TrainSpec:
-    """One local training job: the model to start from, the data, and how to train."""
+    """One local training job: the model to start from, the data, and how to train.
+
+    ``loss_params`` come from the job's global statistics (e.g. class weights), ``site_options`` from the
+    aggregator's configure hook (e.g. FedProx's ``proximal_mu``).
+    """
 
     training: TrainingConfig
+    task: TaskSpec
     n_features: int
     state: dict[str, torch.Tensor]
     data: DataRef
-    pos_weight: float
+    loss_params: dict[str, Any]
     seed: int
     checkpoint: CheckpointRef | None = None
+    site_options: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -49,3 +60,12 @@ class TrainResult:
     state: dict[str, torch.Tensor]
     n_samples: int
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Parallelized:
+    """What a strategy's ``parallelize(model, mesh, spec)`` returns: the module that trains, and a clock of
+    the seconds its collectives took (0 for strategies without any)."""
+
+    module: nn.Module
+    comm_seconds: Callable[[], float] = lambda: 0.0

@@ -29,3 +29,27 @@ def test_prep_throughput_prints_ratio_and_growth(tmp_path: Path) -> None:
     r = _run("prep_throughput.py", "--rows", "2000", "--shards", "2", "--scales", "1,2", tmp=tmp_path)
     assert [x["rows"] for x in r] == [2000, 4000]
     assert all(x["dask_rows_per_s"] > 0 and x["pandas_rows_per_s"] > 0 for x in r)
+
+
+def test_aggregators_prints_a_table_and_writes_json(tmp_path: Path) -> None:
+    out_file = tmp_path / "aggregators.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+    # mu=1: a proximal term strong enough to change the curve, so the configure -> site loop wiring shows.
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "aggregators.py"), "--smoke", "--set", "fedprox.mu=1",
+                          "--out", str(out_file)], env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    names = ["fedavg", "fedprox", "fedadam", "fedyogi", "fedadagrad", "median", "trimmed_mean"]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "aggregator" not in line]
+    assert [r.split("|")[1].strip() for r in rows] == names
+    r = json.loads(out_file.read_text())
+    assert [s["aggregator"] for s in r["summary"]] == names
+    assert len(r["jobs"]) == 2  # --smoke: two seeds of two rounds
+    for job in r["jobs"]:
+        res = {x["aggregator"]: x for x in job["results"]}
+        assert job["target"] == 0.9 * res["fedavg"]["best_pr_auc"]
+        assert res["fedprox"]["options"] == {"mu": 1.0}
+        assert res["fedprox"]["curve"] != res["fedavg"]["curve"]
+        for x in res.values():
+            assert len(x["curve"]) == 2 and all(0 < v <= 1 for v in x["curve"])
+            reached = [i + 1 for i, v in enumerate(x["curve"]) if v >= job["target"]]
+            assert x["rounds_to_target"] == (reached[0] if reached else None)

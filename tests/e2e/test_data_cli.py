@@ -9,7 +9,7 @@ import pytest
 import s3fs
 
 from deployments import cli_data as data
-from insitu.stack import Platform
+from deployments.platform import Platform
 
 pytestmark = pytest.mark.e2e
 

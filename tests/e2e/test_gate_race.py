@@ -13,8 +13,8 @@ from mlflow.tracking import MlflowClient
 from prefect import flow
 
 from deployments.deploy import ensure_registry_lock
+from deployments.platform import Platform
 from insitu.config import load_conf
-from insitu.stack import Platform
 from tasks.registry import gate_and_promote
 
 pytestmark = pytest.mark.e2e

@@ -20,7 +20,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, LogFilter, LogFilterFlowRunId
 from prefect.states import Cancelling
 
-from insitu.stack import Platform
+from deployments.platform import Platform
 from insitu.storage import Store
 
 pytestmark = pytest.mark.e2e

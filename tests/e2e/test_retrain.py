@@ -14,8 +14,8 @@ from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, LogFilter, LogFilterFlowRunId
 
+from deployments.platform import Platform
 from insitu.governance.audit import read_events, verify
-from insitu.stack import Platform
 
 pytestmark = pytest.mark.e2e
 ROW_ID = re.compile(rb"(eu|us|apac)-\d{3}-\d{8}")
@@ -28,7 +28,7 @@ def _fs(p: Platform, owner: str) -> s3fs.S3FileSystem:
 
 @pytest.fixture(scope="module")
 def job(deployed: Platform) -> dict[str, Any]:
-    """A run created from the deployment with its default parameters: what the weekly schedule creates."""
+    """A run created from the deployment with its default parameters (those of the demo's weekly schedule)."""
     with get_client(sync_client=True) as c:
         dep = c.read_deployment_by_name("retrain/coordinator")
         created = c.create_flow_run_from_deployment(dep.id)  # no parameters: the deployment's defaults
@@ -48,11 +48,12 @@ def _wait(flow_run_id: Any, timeout: float) -> Any:
             time.sleep(2)
 
 
-def test_weekly_schedule_with_explicit_timezone(deployed: Platform) -> None:
+def test_the_schedule_of_datasets_yaml_is_deployed_with_its_parameters(deployed: Platform) -> None:
     with get_client(sync_client=True) as c:
         dep = c.read_deployment_by_name("retrain/coordinator")
-    (sched,) = dep.schedules
+    (sched,) = dep.schedules  # conf/datasets.yaml: fraud, weekly
     assert sched.active and sched.schedule.cron == "0 3 * * 1" and sched.schedule.timezone == "Europe/Berlin"
+    assert sched.parameters == {"params": {"dataset": "fraud", "training": "fraud"}}
     assert dep.parameters == {"params": {"training": "fraud", "dataset": "fraud"}}
 
 

@@ -18,7 +18,7 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
 
-from insitu.stack import Platform
+from deployments.platform import Platform
 
 pytestmark = pytest.mark.e2e
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -22,10 +22,10 @@ from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, TaskRunFilter, TaskRunFilterName
 
+from deployments.platform import Platform
 from insitu.config import load_conf
 from insitu.parallel import CheckpointRef
 from insitu.parallel.checkpoint import Checkpointer
-from insitu.stack import Platform
 from insitu.storage import Store
 
 pytestmark = pytest.mark.e2e

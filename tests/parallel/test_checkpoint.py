@@ -9,14 +9,16 @@ import pytest
 import torch
 
 from insitu.config import TrainingConfig
-from insitu.models.fraud_mlp import build_model
+from insitu.models import build_model
 from insitu.parallel.checkpoint import Checkpointer
 from insitu.parallel.loop import train_epochs
 from insitu.parallel.types import CheckpointRef
+from insitu.specs import task_for_label
 from insitu.storage import Store
 
 CFG = TrainingConfig.model_validate({"model": {"hidden": [8], "dropout": 0.0}, "optimizer": {"name": "adam",
                                      "lr": 0.01}, "batch_size": 32, "local_epochs": 2})
+LOSS = task_for_label().loss({"pos_weight": 2.0})
 
 
 class Crash(RuntimeError):
@@ -37,7 +39,7 @@ def _fresh() -> torch.nn.Module:
 def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     x, y = _data()
     straight = _fresh()
-    ref_metrics = train_epochs(straight, x, y, CFG, 2.0, seed=1)
+    ref_metrics = train_epochs(straight, x, y, CFG, LOSS, seed=1)
 
     ckpt = Checkpointer(CheckpointRef(Store(f"file://{tmp_path}/", {}), "checkpoints/job/round-0000", every_steps=4))
 
@@ -46,14 +48,14 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path: Path) -> No
             raise Crash("rank died")
 
     with pytest.raises(Crash):
-        train_epochs(_fresh(), x, y, CFG, 2.0, seed=1, on_step=crash_at_14, checkpointer=ckpt)
+        train_epochs(_fresh(), x, y, CFG, LOSS, seed=1, on_step=crash_at_14, checkpointer=ckpt)
     latest = ckpt.latest()
     assert latest == {"epoch": 1, "batch": 2, "global_step": 12, "path": "checkpoints/job/round-0000/step-00000012"}
     # only the newest checkpoint is kept
     assert [p.name for p in (tmp_path / "checkpoints/job/round-0000").iterdir() if p.is_dir()] == ["step-00000012"]
 
     resumed = _fresh()
-    metrics = train_epochs(resumed, x, y, CFG, 2.0, seed=1, checkpointer=ckpt)
+    metrics = train_epochs(resumed, x, y, CFG, LOSS, seed=1, checkpointer=ckpt)
     assert metrics["resumed_from_step"] == 12
     assert metrics["global_steps"] == ref_metrics["global_steps"] == 20
     assert metrics["steps"] == 8  # the lost work was steps 13-14, redone: at most one interval

@@ -13,13 +13,16 @@ from distributed import LocalCluster
 
 from insitu.config import TrainingConfig
 from insitu.data.prepare import prepared_prefix
-from insitu.models.fraud_mlp import build_model
+from insitu.models import build_model
 from insitu.parallel import DataRef, TrainSpec, train_site
 from insitu.parallel.launch import LaunchError, launch_on_dask
 from insitu.parallel.loop import make_optimizer
+from insitu.specs import task_for_label
 from insitu.storage import Store
 
 N, F, WORLD, SEED = 512, 8, 2, 3
+TASK = task_for_label("binary", "bool")
+LOSS = {"pos_weight": 3.0}
 
 
 @pytest.fixture(scope="module")
@@ -46,18 +49,18 @@ def spec(tmp_path: Path) -> TrainSpec:
         "batch_size": 64, "local_epochs": 2, "strategy": "ddp", "ranks_per_site": WORLD})
     torch.manual_seed(0)
     state = build_model(cfg.model, F).state_dict()
-    return TrainSpec(cfg, F, state, DataRef(Store(f"file://{tmp_path}/", {}), "toy", "job"), 3.0, SEED)
+    return TrainSpec(cfg, TASK, F, state, DataRef(Store(f"file://{tmp_path}/", {}), "toy", "job"), LOSS, SEED)
 
 
-def _reference(spec: TrainSpec) -> tuple[dict[str, torch.Tensor], list[float]]:
-    """One process, one optimizer, stepping on the union of the ranks' batches."""
+def _reference(spec: TrainSpec, mu: float = 0.0) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """One process, one optimizer, stepping on the union of the ranks' batches (plus FedProx's term)."""
     from insitu.data.loader import load_split
 
     x, y = load_split(spec.data.store, "toy", "job", "train")
     model = build_model(spec.training.model, F)
     model.load_state_dict(spec.state)
     opt = make_optimizer(model, spec.training)
-    loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor(spec.pos_weight))
+    loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor(spec.loss_params["pos_weight"]))
     per_rank = N // WORLD
     rows = [np.arange(r * per_rank, (r + 1) * per_rank) for r in range(WORLD)]  # each rank's block
     b = spec.training.batch_size // WORLD
@@ -68,6 +71,8 @@ def _reference(spec: TrainSpec) -> tuple[dict[str, torch.Tensor], list[float]]:
             idx = np.concatenate([r[order[i:i + b]] for r in rows])
             opt.zero_grad()
             loss = loss_fn(model(torch.from_numpy(x[idx])), torch.from_numpy(y[idx]))
+            if mu:  # written out here, not taken from insitu: mu/2 · ‖w − w_round‖² over the parameters
+                loss = loss + mu / 2 * sum(((p - spec.state[n]) ** 2).sum() for n, p in model.named_parameters())
             loss.backward()
             opt.step()
             losses.append(float(loss))
@@ -83,12 +88,26 @@ def test_ddp_matches_one_rank_on_the_same_global_batch(cluster: str, spec: Train
     for k in ref:
         assert torch.allclose(result.state[k], ref[k], atol=1e-5), k
     # and training moved the weights (parity of an untrained model would prove nothing)
-    assert not torch.allclose(result.state["net.0.weight"], spec.state["net.0.weight"])
+    assert not torch.allclose(result.state["core.0.weight"], spec.state["core.0.weight"])
+
+
+def test_fedprox_term_trains_the_same_under_ddp_as_in_one_process(cluster: str, spec: TrainSpec) -> None:
+    """The aggregator's configure hook (FedProx's mu) reaches every rank; the proximal term pulls the weights
+    toward the round's global ones, and DDP's result equals one process's with the term written out."""
+    spec.site_options = {"proximal_mu": 0.5}
+    result = train_site(spec, cluster)
+    ref, _ = _reference(spec, mu=0.5)
+    for k in ref:
+        assert torch.allclose(result.state[k], ref[k], atol=1e-5), k
+    plain, _ = _reference(spec)
+    moved = {k: float((result.state[k] - spec.state[k]).norm()) for k in ("core.0.weight", "core.3.weight")}
+    moved_plain = {k: float((plain[k] - spec.state[k]).norm()) for k in moved}
+    assert all(moved[k] < moved_plain[k] for k in moved), (moved, moved_plain)  # pulled toward the global
 
 
 def test_single_strategy_trains_on_all_rows(spec: TrainSpec) -> None:
-    single = TrainSpec(spec.training.model_copy(update={"strategy": "single", "ranks_per_site": 1}), F,
-                       spec.state, spec.data, spec.pos_weight, SEED)
+    single = TrainSpec(spec.training.model_copy(update={"strategy": "single", "ranks_per_site": 1}), TASK, F,
+                       spec.state, spec.data, LOSS, SEED)
     result = train_site(single)
     assert result.n_samples == N and result.metrics["train_loss"] > 0
 

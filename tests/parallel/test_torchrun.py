@@ -36,4 +36,4 @@ def test_torchrun_two_ranks_trains_and_saves(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "trained on 600 rows with 2 ranks" in proc.stderr
     state = torch.load(out, weights_only=True)
-    assert state["net.0.weight"].shape[1] == 6
+    assert state["core.0.weight"].shape[1] == 6

@@ -17,10 +17,11 @@ from distributed import Client, LocalCluster
 
 from insitu.config import TrainingConfig
 from insitu.data.prepare import prepared_prefix
-from insitu.models.fraud_mlp import build_model
+from insitu.models import build_model
 from insitu.parallel import CheckpointRef, DataRef, TrainSpec, train_site
 from insitu.parallel.checkpoint import Checkpointer
 from insitu.parallel.launch import RankFailed
+from insitu.specs import task_for_label
 
 EVERY = 20
 
@@ -41,7 +42,8 @@ def test_killed_worker_round_resumes_from_last_checkpoint(tmp_path: Path) -> Non
     store = Store(store_url, {})
     ref = CheckpointRef(store, "checkpoints/job/round-0000", EVERY)
     torch.manual_seed(0)
-    spec = TrainSpec(cfg, 6, build_model(cfg.model, 6).state_dict(), DataRef(store, "toy", "job"), 2.0, 5, ref)
+    spec = TrainSpec(cfg, task_for_label(), 6, build_model(cfg.model, 6).state_dict(), DataRef(store, "toy", "job"),
+                     {"pos_weight": 2.0}, 5, ref)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
                       host="127.0.0.1") as cluster, Client(cluster) as client:
         pids = client.run(os.getpid)

@@ -14,10 +14,10 @@ import typer
 from prefect.client.orchestration import get_client
 
 from deployments.cli import audit_timeline, audit_verify
+from deployments.platform import Platform
 from insitu.governance.anchors import list_anchors
 from insitu.governance.audit import verify
 from insitu.governance.trail import verify_trail
-from insitu.stack import Platform
 from insitu.storage import store_from_env
 
 pytestmark = pytest.mark.e2e

@@ -18,10 +18,10 @@ import pytest
 import s3fs
 import torch
 
+from deployments.platform import COORDINATOR, Platform
 from insitu.federated.exchange import Exchange, ExchangeError, enforce_protocol, state_to_bytes
 from insitu.federated.kinds import ProtocolViolation, site_budgets
 from insitu.federated.rounds import round_name, run_round
-from insitu.stack import COORDINATOR, Platform
 from insitu.storage import Store
 
 pytestmark = pytest.mark.e2e
@@ -55,7 +55,7 @@ def _prepare_stats(site: str) -> dict[str, Any]:
     shard = {"rows_read": 100, "rows_prepared": 100, "rows_quarantined": 0, "split_counts": counts}
     return {"site": site, "ran_as": _ran_as(site), "shards": {f"{site}-000": shard}, "rows_read": 100,
             "rows_prepared": 100, "rows_quarantined": 0, "shards_unreadable": [], "split_counts": counts,
-            "train_stats": {"n": 100, "sum": [1.0, 2.0], "sumsq": [3.0, 4.0], "positives": 5}, "raw_bytes": 10}
+            "train_stats": {"n": 100, "sum": [1.0, 2.0], "sumsq": [3.0, 4.0], "label_counts": [95, 5]}, "raw_bytes": 10}
 
 
 def test_a_site_cannot_publish_rows_through_the_exchange(platform: Platform) -> None:

@@ -36,8 +36,8 @@ pytestmark = pytest.mark.e2e
 
 EX = "insitu-exchange"
 SITES = ("eu", "us", "apac")
-# The platform's endpoint: moto's server with its admin API refused (insitu/stack_s3.py).
-MOTO = [sys.executable, "-m", "insitu.stack_s3", "--port"]
+# The platform's endpoint: moto's server with its admin API refused (deployments/platform/s3.py).
+MOTO = [sys.executable, "-m", "deployments.platform.s3", "--port"]
 
 
 def _free_port() -> int:

@@ -20,10 +20,10 @@ from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun
 
+from deployments.platform import COORDINATOR, Platform
+from deployments.platform.pools import ensure_locked_pool
 from deployments.worker import RULE_ENTRYPOINT, RULE_JOB_VARIABLES, RULE_PULL_STEPS
 from insitu.governance.audit import read_events, verify
-from insitu.stack import COORDINATOR, Platform
-from insitu.stack_pools import ensure_locked_pool
 
 pytestmark = pytest.mark.e2e
 

@@ -19,10 +19,10 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun
 
 from deployments import cli_governance as governance
+from deployments.platform import Platform
 from insitu.governance.audit import read_events, verify
 from insitu.governance.policy import SitePolicy, sign_policy
 from insitu.governance.principals import load_private_key
-from insitu.stack import Platform
 
 pytestmark = pytest.mark.e2e
 

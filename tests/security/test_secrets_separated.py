@@ -10,8 +10,8 @@ import sys
 import psutil
 import pytest
 
+from deployments.platform import COORDINATOR, Platform
 from insitu.governance.pki import LEAF_KEY
-from insitu.stack import COORDINATOR, Platform
 
 pytestmark = pytest.mark.e2e
 

@@ -21,7 +21,7 @@ def ran_as(actor: str) -> dict[str, str]:
 
 
 def train_stats(n: int = 100, width: int = 2) -> dict[str, Any]:
-    return {"n": n, "sum": [1.0] * width, "sumsq": [2.0] * width, "positives": 3}
+    return {"n": n, "sum": [1.0] * width, "sumsq": [2.0] * width, "label_counts": [n - 3, 3]}
 
 
 def prepare_stats(site: str, n: int = 100, width: int = 2) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from insitu.stack import REPO
+from deployments.platform import REPO
 
 
 def _insitu(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -217,16 +217,16 @@ BAD_CONFIGS = [
     ),
     pytest.param(
         TRAINING,
-        _set(TRAINING, ("aggregator",), "fedprox"),
+        _set(TRAINING, ("aggregator",), "fedsgd"),
         "aggregator",
-        "known: ['fedavg']",
+        "unknown aggregator 'fedsgd'; known: ['fedavg', 'fedprox'",
         id="unknown-aggregator",
     ),
     pytest.param(
         TRAINING,
         _set(TRAINING, ("model", "name"), "resnet50"),
         "model.name",
-        "known: ['fraud_mlp']",
+        "built in: ['fraud_mlp', 'tabular_mlp'], or your own factory as 'package.module:function'",
         id="unknown-model",
     ),
     pytest.param(
@@ -575,7 +575,7 @@ NOT_ECHOED = [
     pytest.param(DATASETS, _set(DATASETS, ("datasets", "fraud", "password"), SECRET), "datasets.fraud.password",
                  "known keys: description, split_key, schema, shards", id="unknown-key-in-a-dataset"),
     pytest.param(TRAINING, _set(TRAINING, ("api_key",), {"value": SECRET}), "api_key",
-                 "known keys: model, optimizer, rounds", id="unknown-top-level-mapping"),
+                 "known keys: task, model, optimizer, rounds", id="unknown-top-level-mapping"),
     pytest.param(SITES, _set(SITES, ("exchange", "secret_env"), SECRET), "exchange.secret_env",
                  "should match pattern", id="secret-pasted-as-a-variable-name"),
     pytest.param(TRAINING, _write(TRAINING, f"optimizer:\n  lr: [{SECRET}\nrounds: 5\n"), None,

@@ -234,7 +234,8 @@ def test_prepare_shard_end_to_end(tmp_path: Path, conf: Conf, schema: SchemaConf
         assert x.shape == (rep.split_counts[s], len(feature_names(schema)))
         assert y.shape == (rep.split_counts[s],) and set(np.unique(y)) <= {0.0, 1.0}
     x_train, y_train = load_split(store, DATASET, JOB, "train")
-    assert int(y_train.sum()) == rep.train_stats["positives"]
+    assert int(y_train.sum()) == rep.train_stats["label_counts"][1]
+    assert sum(rep.train_stats["label_counts"]) == rep.train_stats["n"]
     assert np.allclose(x_train.sum(axis=0), rep.train_stats["sum"], rtol=1e-4)
 
     bad = prepare_shard(store, garbage_shard, schema, split, 7, DATASET, JOB)

@@ -140,7 +140,7 @@ def test_put_json_refuses_short_record_lists_and_columns_naming_the_key(tmp_path
 def test_put_json_refuses_rows_in_typed_places(tmp_path: Path) -> None:
     ex = Exchange(store(tmp_path), "job-1", "eu")
     doc = evaluation("eu", {"round-0002": {**model_metrics(), "hist_pos": [{"amount": 1.0}], "hist_neg": [25]}})
-    with pytest.raises(ExchangeError, match=r"models.round-0002.metrics.hist_pos.0: Input should be a valid integer"):
+    with pytest.raises(ExchangeError, match=r"models.round-0002.binary.hist_pos.0: Input should be a valid integer"):
         ex.put_json("metrics", "evaluate.json", doc)
     long_list = prepare_stats("eu", width=2000)  # the sums are one value per feature, of a bounded width
     with pytest.raises(ExchangeError, match="train_stats.sum: List should have at most 1024 items"):

@@ -5,15 +5,22 @@ from __future__ import annotations
 import math
 
 from insitu.config import GateConfig
-from insitu.gate import decide
+from insitu.gate import decide as decide_on
+from insitu.specs.base import GateMetric
 
 CFG = GateConfig(primary_metric="pr_auc", margin=0.01, max_site_drop=0.05, absolute_floor=0.2)
+PR_AUC = GateMetric("pr_auc", True, 0.05)
+
+
+def decide(cfg: GateConfig, *args: object) -> object:
+    metric = GateMetric(cfg.primary_metric or "pr_auc", True, 0.05)
+    return decide_on(cfg, metric, *args)  # type: ignore[arg-type]
 
 
 def test_first_model_needs_the_absolute_floor() -> None:
     assert decide(CFG, {"pr_auc": 0.25}, {}).passed
     d = decide(CFG, {"pr_auc": 0.15}, {})
-    assert not d.passed and "below the absolute floor 0.2000" in d.reason
+    assert not d.passed and "misses the absolute floor 0.2000" in d.reason
 
 
 def test_must_beat_champion_by_margin() -> None:
@@ -27,7 +34,7 @@ def test_no_site_may_drop_more_than_the_floor() -> None:
     cand = {"eu": {"pr_auc": 0.70}, "us": {"pr_auc": 0.40}}
     champ = {"eu": {"pr_auc": 0.50}, "us": {"pr_auc": 0.46}}
     d = decide(CFG, {"pr_auc": 0.60}, cand, {"pr_auc": 0.48}, champ)
-    assert not d.passed and "us 0.4000 < 0.4600 - 0.0500" in d.reason
+    assert not d.passed and "us 0.4000 vs 0.4600" in d.reason
     assert math.isclose(d.site_deltas["eu"], 0.2) and math.isclose(d.site_deltas["us"], -0.06)
     cand["us"]["pr_auc"] = 0.42  # a drop of 0.04 is allowed
     assert decide(CFG, {"pr_auc": 0.60}, cand, {"pr_auc": 0.48}, champ).passed
@@ -42,3 +49,20 @@ def test_nan_candidate_fails_and_nan_sites_are_skipped() -> None:
 def test_roc_auc_as_primary_metric() -> None:
     cfg = CFG.model_copy(update={"primary_metric": "roc_auc"})
     assert not decide(cfg, {"roc_auc": 0.9, "pr_auc": 0.9}, {}, {"roc_auc": 0.95, "pr_auc": 0.1}, {}).passed
+
+
+RMSE = GateMetric("rmse", False, None)
+
+
+def test_lower_is_better_metrics_gate_the_other_way() -> None:
+    cfg = GateConfig(primary_metric="rmse", margin=0.1, max_site_drop=0.5)
+    assert decide_on(cfg, RMSE, {"rmse": 2.0}, {}).passed  # no ceiling configured: any finite first model
+    capped = GateConfig(primary_metric="rmse", absolute_floor=1.5)
+    d = decide_on(capped, RMSE, {"rmse": 2.0}, {})
+    assert not d.passed and "misses the absolute ceiling 1.5000" in d.reason
+    sites = {"eu": {"rmse": 1.0}}
+    assert decide_on(cfg, RMSE, {"rmse": 1.0}, sites, {"rmse": 1.2}, {"eu": {"rmse": 1.1}}).passed
+    d = decide_on(cfg, RMSE, {"rmse": 1.15}, sites, {"rmse": 1.2}, {"eu": {"rmse": 1.1}})
+    assert not d.passed and "lower is better" in d.reason  # better by 0.05 < margin 0.1
+    d = decide_on(cfg, RMSE, {"rmse": 0.9}, {"eu": {"rmse": 1.7}}, {"rmse": 1.2}, {"eu": {"rmse": 1.1}})
+    assert not d.passed and "eu 1.7000 vs 1.1000" in d.reason  # eu got worse by 0.6 > 0.5

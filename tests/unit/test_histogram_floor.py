@@ -14,6 +14,9 @@ from insitu.federated.exchange import Exchange, ExchangeError
 from insitu.federated.kinds import MIN_ROWS
 from insitu.metrics import floor_histograms
 from insitu.plots import floored, pr_curve_figure, pr_curve_from_histograms
+from insitu.specs.binary import BinaryClassification
+
+BINARY = BinaryClassification.__new__(BinaryClassification)  # the task's methods need no schema here
 
 
 def _ok(hist: list[int], floor: int = MIN_ROWS) -> bool:
@@ -74,7 +77,7 @@ def test_a_site_publishes_floored_histograms_and_the_schema_agrees(tmp_path: Pat
     model = nn.Sequential(model, nn.Flatten(0))
     raw = np.histogram(1 / (1 + np.exp(-x[y == 1, 0])), np.linspace(0, 1, 101))[0]
     assert 1 in raw  # the raw histogram has a single-row bin
-    out = score(model, x, y, pos_weight=1.0)
+    out = score(model, BINARY, x, y, {"pos_weight": 1.0})
     assert _ok(out["hist_pos"]) and _ok(out["hist_neg"]) and 1 not in out["hist_pos"]
     assert sum(out["hist_pos"]) == 41 and sum(out["hist_neg"]) == 60
     Exchange(store(tmp_path), "j", "eu").put_json("metrics", "evaluate.json", evaluation("eu", {"round-0001": out}))
@@ -85,17 +88,17 @@ def test_a_site_under_the_floor_publishes_only_the_marker(tmp_path: Path) -> Non
 
     model = nn.Sequential(nn.Linear(1, 1), nn.Flatten(0))
     x, y = np.zeros((MIN_ROWS - 1, 1), np.float32), np.array([0.0, 1.0] * 9 + [0.0], np.float32)
-    assert score(model, x, y, 1.0) == {"withheld": f"fewer than {MIN_ROWS} rows"}
-    assert score(model, np.zeros((30, 1), np.float32), np.zeros(30, np.float32), 1.0, floor=50) == \
-        {"withheld": "fewer than 50 rows"}
-    Exchange(store(tmp_path), "j", "eu").put_json("metrics", "evaluate.json",
-                                                  evaluation("eu", {"round-0001": score(model, x, y, 1.0)}))
+    assert score(model, BINARY, x, y, {"pos_weight": 1.0}) == {"withheld": f"fewer than {MIN_ROWS} rows"}
+    assert score(model, BINARY, np.zeros((30, 1), np.float32), np.zeros(30, np.float32), {"pos_weight": 1.0},
+                 floor=50) == {"withheld": "fewer than 50 rows"}
+    marker = score(model, BINARY, x, y, {"pos_weight": 1.0})
+    Exchange(store(tmp_path), "j", "eu").put_json("metrics", "evaluate.json", evaluation("eu", {"round-0001": marker}))
 
 
 def test_metrics_over_too_few_rows_or_fine_histograms_are_refused_by_the_protocol(tmp_path: Path) -> None:
     ex = Exchange(store(tmp_path), "j", "eu")
     few = {"roc_auc": 0.5, "pr_auc": 0.5, "loss": 0.7, "count": 5.0, "positive_rate": 0.4}
-    with pytest.raises(ExchangeError, match="models.round-0001.metrics.count: Input should be greater than or equal "
+    with pytest.raises(ExchangeError, match="models.round-0001.binary.count: Input should be greater than or equal "
                                             "to 20"):
         ex.put_json("metrics", "evaluate.json", evaluation("eu", {"round-0001": few}))
     fine = {**few, "count": 100.0, "hist_pos": [1, 0, 24], "hist_neg": [0, 75, 0]}

@@ -21,7 +21,8 @@ from insitu.governance.principals import load_private_key, new_key_pair
 from insitu.governance.request import new_request, parse_signed, sign_request
 
 HASH = "ab" * 32
-CTX = {"strategy": "ddp", "aggregator": "fedavg", "rounds": 5, "local_epochs": 1, "ranks_per_site": 2,
+CTX = {"strategy": "ddp", "aggregator": "fedavg", "task": "binary", "model": "tabular_mlp",
+       "rounds": 5, "local_epochs": 1, "ranks_per_site": 2,
        "batch_size": 256}
 
 

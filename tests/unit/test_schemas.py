@@ -17,7 +17,7 @@ from insitu.federated.exchange import Exchange, ExchangeError
 from insitu.federated.rounds import RoundResult, round_name
 from insitu.federated.schemas import ARTEFACTS, TrainMetrics
 from insitu.gate import decide
-from insitu.models.fraud_mlp import build_model
+from insitu.models import build_model
 from insitu.parallel.loop import train_epochs
 from insitu.summary import collect_identities, job_summary
 
@@ -108,7 +108,7 @@ def test_an_update_manifest_with_the_real_training_metrics_fits(tmp_path: Path, 
     ref = {k: v.clone() for k, v in model.state_dict().items()}
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(64, 30)).astype(np.float32), (rng.random(64) < 0.2).astype(np.float32)
-    metrics = train_epochs(model, x, y, conf.training, pos_weight=4.0, seed=1)
+    metrics = train_epochs(model, x, y, conf.training, conf.task().loss({"pos_weight": 4.0}), seed=1)
     metrics["ranks"] = 2.0  # what the ddp strategy adds
     assert set(metrics) <= set(TrainMetrics.model_fields)
     base = _ex(tmp_path, "coordinator").put_state("weights", round_name(0), ref, round=0)
@@ -146,8 +146,8 @@ def _summary(tmp_path: Path, conf: Conf, gate: dict[str, object]) -> dict[str, o
 
 
 def test_the_job_summary_fits(tmp_path: Path, conf: Conf) -> None:
-    decision = decide(conf.training.gate, {"pr_auc": 0.4}, {"eu": {"pr_auc": 0.4}}, {"pr_auc": 0.3},
-                      {"eu": {"pr_auc": 0.35}})
+    decision = decide(conf.training.gate, conf.task().gate_metric(None), {"pr_auc": 0.4}, {"eu": {"pr_auc": 0.4}},
+                      {"pr_auc": 0.3}, {"eu": {"pr_auc": 0.35}})
     gate = {**decision.as_dict(), "version": "3", "previous_champion": "2", "champion": "3"}  # gate_and_promote
     summary = _summary(tmp_path, conf, gate)
     coord = _ex(tmp_path, "coordinator")

@@ -23,17 +23,33 @@ def test_combined_shards_equal_pooled_mean_and_std() -> None:
     assert not np.allclose(mean_std(partial_stats(shards[0]))[0], pooled.mean(axis=0))
 
 
-def test_positives_add_up() -> None:
+def test_class_counts_add_up() -> None:
     x = np.ones((4, 2))
-    parts = [partial_stats(x, np.array([1, 0, 1, 1])), partial_stats(x, np.array([0, 0, 0, 1])), partial_stats(x)]
-    assert [p.get("positives") for p in parts] == [3, 1, None]
-    assert combine(parts)["positives"] == 4
-    assert combine(parts)["n"] == 12
+    parts = [partial_stats(x, np.array([1, 0, 1, 1])), partial_stats(x, np.array([0, 0, 0, 1]))]
+    assert [p["label_counts"] for p in parts] == [[1, 3], [3, 1]]
+    assert combine(parts)["label_counts"] == [4, 4]
+    assert combine(parts)["n"] == 8
+    three = [partial_stats(x, np.array([0, 2, 2, 1]), classes=3), partial_stats(x, np.array([2, 2, 2, 2]), classes=3)]
+    assert combine(three)["label_counts"] == [1, 1, 6]
+
+
+def test_a_numeric_label_adds_its_sum_and_sum_of_squares() -> None:
+    x = np.ones((3, 1))
+    parts = [partial_stats(x, np.array([1.0, 2.0, 3.0]), classes=None), partial_stats(x, np.array([-1.0, 0, 0]),
+                                                                                        classes=None)]
+    out = combine(parts)
+    assert out["label_sum"] == 5.0 and out["label_sumsq"] == 15.0 and "label_counts" not in out
+
+
+def test_labels_described_two_ways_do_not_mix() -> None:
+    x = np.ones((2, 1))
+    with pytest.raises(ValueError, match="describe their labels differently"):
+        combine([partial_stats(x, np.array([0, 1])), partial_stats(x, np.array([0.5, 1.5]), classes=None)])
 
 
 def test_partial_stats_values() -> None:
     p = partial_stats(np.array([[1.0, 2.0], [3.0, -4.0]]), np.array([True, False]))
-    assert p == {"n": 2, "sum": [4.0, -2.0], "sumsq": [10.0, 20.0], "positives": 1}
+    assert p == {"n": 2, "sum": [4.0, -2.0], "sumsq": [10.0, 20.0], "label_counts": [1, 1]}
 
 
 def test_empty_parts_are_ignored() -> None:
@@ -42,12 +58,12 @@ def test_empty_parts_are_ignored() -> None:
     # an empty shard (even one whose width differs), an empty dict and None are skipped, not summed
     empty_other_width = partial_stats(np.zeros((0, 5)), np.zeros(0))
     out = combine([{}, full, empty_other_width, None])
-    assert out == {"n": 2, "sum": [4.0, 6.0], "sumsq": [10.0, 20.0], "positives": 1}
+    assert out == {"n": 2, "sum": [4.0, 6.0], "sumsq": [10.0, 20.0], "label_counts": [1, 1]}
 
 
 def test_nothing_to_combine() -> None:
     out = combine([{}, partial_stats(np.zeros((0, 3)))])
-    assert out == {"n": 0, "sum": [], "sumsq": [], "positives": 0}
+    assert out == {"n": 0, "sum": [], "sumsq": []}
     with pytest.raises(ValueError, match="no samples"):
         mean_std(out)
 

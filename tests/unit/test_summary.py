@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from insitu.summary import SUMMARY_COLUMNS, summary_markdown, summary_rows
+from insitu.summary import summary_columns, summary_markdown, summary_rows
 
 SUMMARY = {
     "job_id": "j1", "rounds": 2, "config_hash": "abc",
@@ -22,11 +22,19 @@ SUMMARY = {
 
 def test_rows_follow_the_columns_and_end_with_the_global_row() -> None:
     rows = summary_rows(SUMMARY)
-    assert all(len(r) == len(SUMMARY_COLUMNS) for r in rows)
+    assert all(len(r) == len(summary_columns(SUMMARY)) for r in rows)
     assert rows[0] == ["eu", "1,000", "5", "-", "2", "0.9000", "0.3000", "0.5000", "150", "500", "9,000"]
     assert rows[1][3] == "apac-002" and rows[1][5] == "nan"
     assert rows[-1][0].startswith("global") and rows[-1][6] == "0.2500"
     assert rows[-1][9] == "1,700 (coordinator 1,200)"
+
+
+def test_the_columns_are_the_tasks_metrics() -> None:
+    regression = {**SUMMARY, "task": "regression", "metric_names": ["rmse", "mae", "r2"],
+                  "global_metrics": {"rmse": 1.5, "mae": 1.0, "r2": 0.7, "count": 150}}
+    cols = summary_columns(regression)
+    assert cols[5:8] == ["RMSE", "MAE", "R²"] and "PR-AUC" not in cols
+    assert summary_rows(regression)[-1][5:8] == ["1.5000", "1.0000", "0.7000"]
 
 
 def test_markdown_has_the_gate_and_one_line_per_row() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from insitu.stack import COORDINATOR, REPO, Platform
+from deployments.platform import COORDINATOR, REPO, Platform
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_a_platform_started_by_an_older_insitu_can_be_stopped_not_reused(tmp_pat
     import json
     import os
 
-    from insitu.stack import PlatformError
+    from deployments.platform import PlatformError
 
     old = {"ports": {"prefect": 1}, "pids": {"prefect-server": os.getpid()},
            "secrets": {"eu": {"access_key": "a", "secret_key": "b", "audit_key": "00"}}}

@@ -36,10 +36,7 @@ from typing import Any
 
 import psutil
 
-from insitu.config import SitesConfig, load_sites
-from insitu.governance.approvals import ENV_APPROVALS
-from insitu.governance.identity import ENV_IDENTITY, Identity, write_private
-from insitu.stack_users import (
+from deployments.platform.users import (
     Account,
     can_isolate,
     current_account,
@@ -47,10 +44,14 @@ from insitu.stack_users import (
     ensure_traversable,
     make_private_dir,
 )
+from insitu.config import SitesConfig, load_sites
+from insitu.governance.approvals import ENV_APPROVALS
+from insitu.governance.identity import ENV_IDENTITY, Identity, write_private
 
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parent.parent
+# deployments/platform/supervisor.py → the checkout: conf/, and the working directory of every component.
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PORTS = {"prefect": 4200, "mlflow": 5055, "s3-exchange": 9100}
 STATE_FORMAT = 2
 _BASE_ENV = ("PATH", "LANG", "LC_ALL", "SHELL")
@@ -289,7 +290,7 @@ class Platform:
         return sign_policy(policy, admin, load_private_key(self.principal_key_file(admin))).model_dump_json(indent=2)
 
     def install_policy(self, site: str, signed_policy: str) -> None:
-        """Install a signed policy in the site's home, written *as the site* (see ``stack_home``)."""
+        """Install a signed policy in the site's home, written *as the site* (see ``home``)."""
         self._run_home_helper(site, self._identity(site), {"policy_only": True,
                                                             "policy": {"text": signed_policy, "replace": True}})
 
@@ -492,7 +493,7 @@ class Platform:
             port = self.port(f"s3-{server}")
             users = len(self._s3_policies(server))
             comps.append(
-                Component(f"s3-{server}", [sys.executable, "-m", "insitu.stack_s3", "--port", str(port)],
+                Component(f"s3-{server}", [sys.executable, "-m", "deployments.platform.s3", "--port", str(port)],
                           {**base, "INITIAL_NO_AUTH_ACTION_COUNT": str(no_auth_action_count(users))},
                           lambda p=port: _tcp_ok(p), extra={"s3": server})
             )
@@ -634,7 +635,7 @@ class Platform:
             self._prepare_home(actor)
 
     def _prepare_home(self, actor: str) -> None:
-        """Create the actor's home (root, in root's ``actors/``), then fill it as the actor (``stack_home``)."""
+        """Create the actor's home (root, in root's ``actors/``), then fill it as the actor (``home``)."""
         acct = self.account(actor)
         home = self.actor_home(actor)
         if home.is_symlink() or (home.exists() and not home.is_dir()):
@@ -658,20 +659,20 @@ class Platform:
                         admins=self.site_admins(actor) if site else {})
 
     def _run_home_helper(self, actor: str, ident: Identity, extra: dict[str, Any]) -> None:
-        """Run ``insitu.stack_home`` as the actor (or in-process when not isolated) with ``extra`` in its spec."""
+        """Run ``deployments.platform.home`` as the actor (in-process when not isolated), ``extra`` in its spec."""
         home = self.actor_home(actor)
         spec = {"identity": ident.to_json(), "path": str(ident.path), "home": str(home), **extra}
         if not self.isolate:
-            from insitu import stack_home
+            from deployments.platform import home as home_helper
 
             if not spec.get("policy_only"):
-                stack_home.prepare_home(home, ident, with_tls=bool(spec.get("with_tls")))
+                home_helper.prepare_home(home, ident, with_tls=bool(spec.get("with_tls")))
             if spec.get("policy") and ident.policy is not None:
-                stack_home.install_policy(ident.policy, spec["policy"]["text"], bool(spec["policy"]["replace"]))
+                home_helper.install_policy(ident.policy, spec["policy"]["text"], bool(spec["policy"]["replace"]))
             return
         acct = self.account(actor)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "PYTHONPATH": str(REPO)}
-        r = subprocess.run([sys.executable, "-m", "insitu.stack_home"], input=json.dumps(spec), text=True,
+        r = subprocess.run([sys.executable, "-m", "deployments.platform.home"], input=json.dumps(spec), text=True,
                            env=env, cwd="/", capture_output=True, timeout=120, user=acct.uid, group=acct.gid,
                            extra_groups=[])
         if r.returncode != 0:
@@ -726,20 +727,20 @@ class Platform:
         self._save_state()
 
     def _write_mlflow_auth_config(self) -> None:
-        from insitu.stack_mlflow import write_auth_config
+        from deployments.platform.mlflow_server import write_auth_config
 
         write_auth_config(self.dir / "mlflow" / "basic_auth.ini", self.dir / "mlflow" / "basic_auth.db",
                           self.mlflow_password("admin"))
 
     def _provision_mlflow(self) -> None:
-        from insitu.stack_mlflow import provision_users
+        from deployments.platform.mlflow_server import provision_users
 
         provision_users(self.mlflow_url, self.mlflow_password("admin"),
                         {u: self.mlflow_password(u) for u in (COORDINATOR, "operator")}, writer=COORDINATOR)
 
     def _create_pools(self) -> None:
         """Create or re-lock the work pools: a fixed job template that no run can vary (no variables)."""
-        from insitu.stack_pools import ensure_locked_pool
+        from deployments.platform.pools import ensure_locked_pool
 
         for actor in self.actors:
             ensure_locked_pool(self.prefect_api_url, self._prefect_headers(), self.work_pool(actor))

@@ -1,4 +1,4 @@
-"""Fill an actor's home *as that actor* (``python -m insitu.stack_home``, the identity as JSON on stdin).
+"""Fill an actor's home *as that actor* (``python -m deployments.platform.home``, the identity as JSON on stdin).
 
 The home belongs to the site's OS user, so a site process can plant symbolic links in it. Root must not
 write there by name (it would follow a link to ``/etc/shadow`` or another site's home); the platform

@@ -1,4 +1,4 @@
-"""One local S3 endpoint (``python -m insitu.stack_s3 --port P``): moto's server without its admin API.
+"""One local S3 endpoint (``python -m deployments.platform.s3 --port P``): moto's server without its admin API.
 
 moto serves ``/moto-api/`` beside S3 and IAM: unauthenticated, it can switch authentication off
 (``reset-auth``) and lists every user's secret key (``data.json``). Any local process could then read
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import run_simple
 
-    ap = argparse.ArgumentParser(prog="python -m insitu.stack_s3")
+    ap = argparse.ArgumentParser(prog="python -m deployments.platform.s3")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     args = ap.parse_args(argv)

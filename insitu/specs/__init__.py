@@ -1,0 +1,35 @@
+"""Learning tasks, one file each: the registry the configuration validates against.
+
+``TASKS`` is the one list of task names. A new task is a :class:`~insitu.specs.base.TaskSpec` subclass in
+its own file, added here, with its test in ``tests/unit/test_specs.py``.
+"""
+
+from __future__ import annotations
+
+from insitu.config import SchemaConfig, TaskConfig
+from insitu.specs.base import GateMetric, TaskSpec
+from insitu.specs.binary import BinaryClassification
+from insitu.specs.multiclass import MulticlassClassification
+from insitu.specs.regression import Regression
+
+TASKS: dict[str, type[TaskSpec]] = {t.name: t for t in (BinaryClassification, MulticlassClassification, Regression)}
+
+
+def build_task(config: TaskConfig, schema: SchemaConfig) -> TaskSpec:
+    """The task ``config`` names, for a dataset with ``schema`` (its label column decides the classes)."""
+    if config.name not in TASKS:
+        raise ValueError(f"unknown task {config.name!r}; known: {sorted(TASKS)}")
+    return TASKS[config.name](config, schema)
+
+
+def task_for_label(name: str = "binary", label_type: str = "bool", classes: list[str] | None = None,
+                   **options: object) -> TaskSpec:
+    """The task ``name`` for a label of ``label_type`` (and ``classes``), without a dataset's schema: for
+    benchmarks, notebooks and tests that train on arrays."""
+    label = {"type": label_type, **({"values": classes} if classes else {})}
+    schema = SchemaConfig.model_validate({"id": "id", "label": "label",
+                                          "columns": {"id": {"type": "string"}, "label": label}})
+    return build_task(TaskConfig.model_validate({"name": name, **options}), schema)
+
+
+__all__ = ["TASKS", "GateMetric", "TaskSpec", "build_task", "task_for_label"]
