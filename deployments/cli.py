@@ -141,18 +141,28 @@ def status(state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) ->
 def seed(
     state_dir: StateDir = DEFAULT_STATE,
     conf: ConfDir = DEFAULT_CONF,
-    rows: Annotated[int, typer.Option(help="rows per site")] = 20000,
+    rows: Annotated[int, typer.Option(help="rows per site (fraud only; digits has a fixed size)")] = 20000,
     random_seed: Annotated[int, typer.Option("--seed", help="random seed (same seed, same files)")] = 42,
-    corrupt_shard: Annotated[str, typer.Option(help="shard id to write unreadable; 'last' or 'none'")] = "last",
-    dataset: str = "fraud",
+    corrupt_shard: Annotated[str, typer.Option(
+        help="shard id to write unreadable; 'last' or 'none' (fraud only)")] = "last",
+    dataset: Annotated[str, typer.Option(help="the example dataset to write: fraud or digits")] = "fraud",
+    training: Annotated[str | None, typer.Option(
+        help="a training config the dataset must load with (default: the one named like the dataset); "
+             "only checked, seeding trains nothing")] = None,
 ) -> None:
-    """Write synthetic, non-IID fraud data into each site's own store."""
+    """Write an example dataset into each site's own store: `fraud` (synthetic, non-IID card transactions, with
+    malformed rows and an unreadable shard on purpose) or `digits` (handwritten digits, each site holding mostly
+    its own digits). For your own data use `insitu data put`."""
     _quiet_logs()
+    from insitu.data.seed import seed as do_seed
+    from insitu.data.seed import seeder_for
+
+    # Before the platform is asked for: a dataset with no example data fails at once, pointing at `data put`.
+    seeder_for(dataset)
     p = _platform(state_dir, conf)
     _require_up(p)
-    from insitu.data.seed import seed as do_seed
-
-    c = load_conf("fraud", dataset, directory=conf)
+    # The pair must load together, so that what is seeded can be trained on as configured.
+    c = load_conf(training or dataset, dataset, directory=conf)
     out = do_seed(c, rows, random_seed, None if corrupt_shard == "none" else corrupt_shard)
     t = Table("shard", "site", "rows", "malformed rows", "unreadable")
     for sid, v in out.items():
@@ -489,6 +499,18 @@ def data_ls(
     data.print_ls(site, data.ls(p, site, prefix))
 
 
+def _task_fits(conf: Path, dataset: str, training: Any) -> bool:
+    """Whether the training's task fits the dataset's label type (True when the dataset cannot be read: its
+    own row says why, and the pair's check then names the problem too)."""
+    from insitu.specs import TASKS
+
+    try:
+        schema = load_datasets(conf / "datasets.yaml", only=dataset).datasets[dataset].schema_
+    except (ConfigError, OSError, KeyError):
+        return True
+    return schema.columns[schema.label].type in TASKS[training.task.name].label_types
+
+
 @app.command()
 def validate(conf: ConfDir = DEFAULT_CONF) -> None:
     """Check every file of conf/ offline: sites.yaml, datasets.yaml, each training config with each dataset, and
@@ -518,8 +540,13 @@ def validate(conf: ConfDir = DEFAULT_CONF) -> None:
     except (OSError, yaml.YAMLError, AttributeError):
         names = []
     for path in sorted((conf / "training").glob("*.yaml")):
-        if check(f"training/{path.name}", lambda p=path: load_training(p)):
+        training = check(f"training/{path.name}", lambda p=path: load_training(p))
+        if training:
             for name in names:
+                if not _task_fits(conf, name, training):  # e.g. a multi-class config and a binary label
+                    t.add_row(f"training/{path.name} with dataset {name}",
+                              f"[dim]not checked: task {training.task.name} does not fit this dataset's label[/dim]")
+                    continue
                 check(f"training/{path.name} with dataset {name}",
                       lambda p=path, n=name: load_conf(p.stem, n, directory=conf))
     for name in names:

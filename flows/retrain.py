@@ -17,9 +17,11 @@ from pydantic import BaseModel, Field
 
 from insitu.config import JOB_ID_PATTERN, load_conf, load_training, trusted_training
 from insitu.federated.aggregators import build_aggregator
+from insitu.federated.coordinator import run_rounds
 from insitu.federated.exchange import Exchange
 from insitu.federated.kinds import MAX_UPDATE_NORM
 from insitu.federated.rounds import round_name
+from insitu.federated.validation import RoundValidation, Selection
 from insitu.governance.approvals import approvals_dir, find_approval
 from insitu.governance.audit_service import Auditor
 from insitu.governance.request import (
@@ -36,13 +38,14 @@ from tasks.anchoring import countersign
 from tasks.context import actor_identity, ran_as
 from tasks.dispatch import failed, run_states, start_site_runs, wait_for_runs
 from tasks.evaluate import read_evaluations
-from tasks.federation import aggregate_round, publish_global_stats, publish_initial_weights
+from tasks.federation import FederatedRounds, publish_global_stats, publish_initial_weights
 from tasks.registry import (
     finish_runs,
     gate_and_promote,
     load_champion,
     log_figures,
     log_round,
+    log_validation,
     logged_rounds,
     register_model,
     start_runs,
@@ -139,25 +142,37 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
             st = run_states({site: ids[site]})[site].state
             return not (st and st.is_final())
 
-        rounds = []
         logged = logged_rounds(mlruns)
+        task = conf.task()
         aggregator = build_aggregator(t.aggregator.name, t.aggregator.options, max_update_norm=MAX_UPDATE_NORM)
-        try:
-            for rnd in range(t.rounds):
-                result = aggregate_round(ex, rnd, sites, t.federation.min_sites, t.federation.round_deadline_s,
-                                         alive, aggregator)
+
+        def record(rnd: int, result: dict[str, Any] | None, val: RoundValidation | None,
+                   val_sites: dict[str, dict[str, Any]]) -> None:
+            if result is not None:
                 log_round(mlruns, rnd, result, logged)  # once per round and run, whichever attempt gets there
-                rounds.append(result)
                 update_progress_artifact(progress, progress=100.0 * (rnd + 1) / t.rounds)
+            if val is not None:
+                log_validation(mlruns, rnd, val, val_sites, logged)
+                logger.info("global model %d: validation %s %.4f (from %s)", rnd, selection.metric.name, val.value,
+                            val.sites)
+
+        selection = Selection(task.gate_metric(t.validation.metric or t.gate.primary_metric), t.validation)
+        driver = FederatedRounds(ex, sites, t, task, aggregator, alive, record)
+        try:
+            outcome = run_rounds(driver, t.rounds, selection)
         except Exception as e:
             # Tell the sites to stop waiting for weights that will not come, and free their workers.
             ex.put_abort(f"{type(e).__name__}: {e}")
             audit.append("job.failed", job_id=job_id, phase="train", reason=str(e))
             raise
+        rounds = outcome.results
         runs = wait_for_runs(ids, params.phase_timeout_s)
         for s, why in failed(runs).items():
             logger.warning("site-train on %s did not complete: %s", s, why)
-        final = round_name(t.rounds)
+        final = round_name(outcome.selected)  # the model that is evaluated, gated and registered
+        logger.info("registering global model %d of %d: %s", outcome.selected, outcome.last, outcome.reason)
+        audit.append("job.selected", job_id=job_id, flow_run_id=fr_id, round=outcome.selected, last=outcome.last,
+                     reason=outcome.reason, stopped_early=outcome.stopped_early)
 
         # ---- evaluate the candidate and the current champion on every site's own test split
         champion = load_champion(conf, stats["norm"]["features"])
@@ -171,7 +186,6 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
         eval_sites = [s for s in sites if s not in bad]
         _check_quorum("evaluate", eval_sites, bad, t.federation.min_sites, audit, job_id)
         evaluated = read_evaluations(ex, eval_sites, t.rounds)
-        task = conf.task()
         site_metrics = {s: _numbers(m[final]) for s, m in evaluated.items()}
         global_metrics = task.global_metrics({s: m[final] for s, m in evaluated.items()})
         champ_sites = {s: _numbers(m["champion"]) for s, m in evaluated.items()} if champion else None
@@ -179,10 +193,13 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
 
         # ---- register, gate, promote
         state, man = ex.get_state("weights", final, writer="coordinator")
-        if rounds and man["sha256"] != rounds[-1]["sha256"]:
-            raise RuntimeError(f"the final weights on the exchange ({man['sha256'][:12]}…) are not the ones this "
-                               f"coordinator aggregated ({rounds[-1]['sha256'][:12]}…); refusing to register them")
-        reg = register_model(conf, job_id, mlruns, state, stats["norm"], site_metrics, global_metrics, sites)
+        made = rounds[outcome.selected - 1]["sha256"] if outcome.selected > 0 else None
+        if made and man["sha256"] != made:
+            raise RuntimeError(f"the weights of {final} on the exchange ({man['sha256'][:12]}…) are not the ones this "
+                               f"coordinator aggregated ({made[:12]}…); refusing to register them")
+        reg = register_model(conf, job_id, mlruns, state, stats["norm"], site_metrics, global_metrics, sites,
+                             selection={"round": outcome.selected, "of": outcome.last, "reason": outcome.reason,
+                                        "metric": selection.metric.name})
         log_figures(mlruns["parent"], {s: m[final] for s, m in evaluated.items()}, site_metrics,
                     list(task.summary_metrics))
     decision = gate_and_promote(conf, job_id, reg["version"], global_metrics, site_metrics, champion, champ_global,
@@ -201,7 +218,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
         if left_out:
             logger.warning("the row floor left %s out of the %s", left_out, what)
     summary = job_summary(job_id, conf, stats["per_site"], rounds, site_metrics, global_metrics, reg, ex.ledger(),
-                          started, identities, withheld)
+                          started, identities, withheld, selection=outcome)
     ex.put_json("summary", "summary.json", summary)
     create_markdown_artifact(key="retrain-summary", markdown=summary_markdown(summary),
                              description=f"insitu job {job_id}")

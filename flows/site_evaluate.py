@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -9,8 +10,8 @@ from prefect import flow, get_run_logger
 from insitu.data.loader import load_split
 from insitu.federated.rounds import round_name
 from tasks.anchoring import anchor_site
-from tasks.context import site_context
-from tasks.evaluate import evaluate_weights
+from tasks.context import SiteContext, site_context
+from tasks.evaluate import evaluate_weights, validation_name
 
 
 @flow(name="site-evaluate", log_prints=False)
@@ -25,15 +26,12 @@ def site_evaluate(
     """Score each named global model on this site's test split; publish metrics (never scores)."""
     logger = get_run_logger()
     ctx = site_context(job_id, training, dataset, overrides, request, "evaluate")
-    # Only the job's final model and the champion are scored: a coordinator may not use the site's test rows
-    # as an oracle for weights of its choosing.
-    allowed = {round_name(ctx.conf.training.rounds), "champion"}
-    if not weights or not set(weights) <= allowed:
-        reason = (f"site {ctx.site!r} scores only {sorted(allowed)} for job {job_id}, not "
-                  f"{[w[:40] for w in weights][:5]}; rule evaluate.final-or-champion")
+    refusal = evaluation_refusal(ctx, job_id, weights)
+    if refusal:
+        reason = f"site {ctx.site!r} refuses to score {[w[:40] for w in weights][:5]} for job {job_id}: {refusal}"
         ctx.audit.append("evaluate.refused", job_id=job_id, flow_run_id=ctx.flow_run_id,
-                         rule="evaluate.final-or-champion", reason=reason)
-        raise PermissionError(reason)
+                         rule="evaluate.one-selected-round", reason=reason)
+        raise PermissionError(f"{reason}; rule evaluate.one-selected-round")
     norm = ctx.exchange.get_json("stats", "global.json", writer="coordinator")
     x, y = load_split(ctx.store, dataset, job_id, "test")
     ctx.audit.append("data.read", what="prepared/test", job_id=job_id, flow_run_id=ctx.flow_run_id, rows=len(y))
@@ -45,3 +43,35 @@ def site_evaluate(
     ctx.exchange.put_json("metrics", "evaluate.json", {"site": ctx.site, "ran_as": ctx.ran_as, "models": results})
     anchor_site(ctx.audit, ctx.exchange.store, ctx.site, job_id, "evaluate")
     return results
+
+
+def evaluation_refusal(ctx: SiteContext, job_id: str, weights: list[str]) -> str | None:
+    """Why this site will not score ``weights`` on its test rows (None: it will).
+
+    A coordinator may not use a site's test rows as an oracle for weights of its choosing. So a site scores,
+    per job, one global model and the champion: a round of the job that this site validated itself (it
+    published that round's validation, so the round's model came out of this job's training), or the last
+    round when it has no validation rows. The first round it scores is bound to the job in the site's own
+    store; any other round is refused afterwards.
+    """
+    rounds = ctx.conf.training.rounds
+    models = [w for w in weights if w != "champion"]
+    if not weights or len(models) != 1 or len(weights) != len(set(weights)):
+        return "a job's evaluation scores exactly one global model of the job (and at most the champion)"
+    (name,) = models
+    known = {round_name(r): r for r in range(rounds + 1)}
+    if name not in known:
+        return f"{name[:40]!r} is not a global model of this job (rounds 0 to {rounds})"
+    validated = [r for r in range(rounds + 1) if ctx.exchange.exists("metrics", f"{validation_name(r)}.json")]
+    if validated and known[name] not in validated:
+        return f"this site did not validate {name} during the job (it validated rounds {validated[:3]}…)"
+    if not validated and known[name] != rounds:
+        return f"this site has no validation of the job's rounds, so only the last one, {round_name(rounds)}"
+    key = f"evaluations/{job_id}.json"
+    try:
+        with ctx.store.fs.open(ctx.store.path(key), "rb") as f:
+            bound = json.loads(f.read())["model"]
+    except FileNotFoundError:
+        ctx.store.write_bytes(key, json.dumps({"model": name}).encode())
+        return None
+    return None if bound == name else f"this job's evaluation is bound to {bound} (scored first), not {name}"

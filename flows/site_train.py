@@ -8,7 +8,8 @@ from prefect import flow, get_run_logger
 
 from insitu.federated.rounds import round_name
 from tasks.anchoring import anchor_site
-from tasks.context import site_context
+from tasks.context import SiteContext, site_context
+from tasks.evaluate import validate_round, validation_name
 from tasks.train import train_round
 
 
@@ -26,16 +27,28 @@ def site_train(
     ctx = site_context(job_id, training, dataset, overrides, request, "train")
     t = ctx.conf.training
     norm = ctx.exchange.get_json("stats", "global.json", writer="coordinator")
+    val = validation_rows(ctx)
     done = 0
-    for rnd in range(t.rounds):
+    # Round r: validate global model r (the one trained from), then train it; the last global model is only
+    # validated. The coordinator combines the validations into its early-stopping and selection decisions.
+    for rnd in range(t.rounds + 1):
         name = round_name(rnd)
         weights = ("weights", f"{name}.manifest.json", "coordinator")
         abort = ("control", "abort.json", "coordinator")
-        if ctx.exchange.wait_for_any([weights, abort], wait_timeout_s) is None:
+        stop = ("control", "stop.json", "coordinator")
+        if ctx.exchange.wait_for_any([weights, abort, stop], wait_timeout_s) is None:
             raise TimeoutError(f"site {ctx.site}: no global weights for {name} after {wait_timeout_s:.0f}s")
         if ctx.exchange.exists("control", "abort.json", writer="coordinator"):
             reason = ctx.exchange.get_json("control", "abort.json", writer="coordinator").get("reason")
             logger.warning("coordinator aborted job %s after %d rounds here: %s", job_id, done, reason)
+            break
+        if ctx.exchange.exists("control", "stop.json", writer="coordinator"):
+            reason = ctx.exchange.get_json("control", "stop.json", writer="coordinator").get("reason")
+            logger.info("coordinator stopped job %s early after %d rounds here: %s", job_id, done, reason)
+            break
+        if val is not None and not ctx.exchange.exists("metrics", f"{validation_name(rnd)}.json"):
+            validate_round(ctx, rnd, val[0], val[1], norm)
+        if rnd == t.rounds:
             break
         if ctx.exchange.exists("update", f"{name}.manifest.json"):
             logger.info("round %d already published by this site (resumed run); skipping", rnd)
@@ -45,3 +58,18 @@ def site_train(
     anchor_site(ctx.audit, ctx.exchange.store, ctx.site, job_id, "train")
     return {"site": ctx.site, "rounds": done}
 
+
+
+def validation_rows(ctx: SiteContext) -> tuple[Any, Any] | None:
+    """This site's validation split, or None when it has none (``split.val: 0``, or no rows landed there)."""
+    from insitu.data.loader import load_split
+
+    try:
+        x, y = load_split(ctx.store, ctx.conf.dataset_name, ctx.exchange.job_id, "val")
+    except (FileNotFoundError, ValueError):
+        get_run_logger().info("site %s has no validation rows for job %s: it publishes no validation", ctx.site,
+                              ctx.exchange.job_id)
+        return None
+    ctx.audit.append("data.read", what="prepared/val", job_id=ctx.exchange.job_id, flow_run_id=ctx.flow_run_id,
+                     rows=len(y))
+    return x, y

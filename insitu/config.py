@@ -510,6 +510,18 @@ class GateConfig(_Strict):
                                          "higher-is-better metric, a ceiling otherwise; empty: the task's default")
 
 
+class ValidationConfig(_Strict):
+    """Per-round federated validation: every round, each site scores the new global model on its own
+    validation split; the coordinator combines the sites' metrics into one value per round."""
+
+    metric: str | None = Field(None, description="a gate metric of the task; empty: the gate's primary metric")
+    patience: Annotated[int, Field(ge=0)] = Field(
+        0, description="stop early after this many rounds without improvement (0: never stop early)")
+    min_delta: Annotated[float, Field(ge=0.0)] = Field(0.0, description="smaller improvements do not count")
+    select: Literal["best", "last"] = Field(
+        "best", description="the model registered and gated: the best round by the validation metric, or the last")
+
+
 class RegistryConfig(_Strict):
     model_name: Annotated[str, Field(min_length=1)] = "insitu-fraud"
 
@@ -529,6 +541,7 @@ class TrainingConfig(_Strict):
     split: SplitConfig = SplitConfig()
     registry: RegistryConfig = RegistryConfig()
     gate: GateConfig = GateConfig()
+    validation: ValidationConfig = ValidationConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
 
     @field_validator("task", mode="before")
@@ -881,7 +894,9 @@ def _check_task(train: TrainingConfig, ds: DatasetConfig, tpath: Path, dataset: 
     except ValueError as e:
         raise ConfigError(f"{tpath}: key 'task': {e} in dataset {dataset!r}; choose the task that fits the label "
                           "(bool: binary, category: multiclass, float/int: regression)") from None
-    try:
-        task.gate_metric(train.gate.primary_metric)
-    except ValueError as e:
-        raise ConfigError(f"{tpath}: key 'gate.primary_metric': {e}; name one of them or leave it empty") from None
+    named = (("gate.primary_metric", train.gate.primary_metric), ("validation.metric", train.validation.metric))
+    for key, name in named:
+        try:
+            task.gate_metric(name)
+        except ValueError as e:
+            raise ConfigError(f"{tpath}: key '{key}': {e}; name one of them or leave it empty") from None

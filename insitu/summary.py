@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from insitu.config import Conf
 from insitu.federated.exchange import Exchange
+
+if TYPE_CHECKING:
+    from insitu.federated.coordinator import RoundsOutcome
 from insitu.federated.rounds import round_name
 
 
@@ -22,6 +25,7 @@ def job_summary(
     started: datetime,
     identities: dict[str, dict[str, Any]] | None = None,
     withheld: dict[str, list[str]] | None = None,
+    selection: RoundsOutcome | None = None,
 ) -> dict[str, Any]:
     """A JSON-able summary. ``ledger`` is the exchange's bytes per writer and kind; ``withheld`` names, per
     statistic or plot, the sites the row floor left out of it."""
@@ -57,6 +61,11 @@ def job_summary(
         "finished": datetime.now(UTC).isoformat(),
         "withheld": {k: sorted(v) for k, v in (withheld or {}).items() if v},
         "task": conf.training.task.name,
+        "selected_round": selection.selected if selection else len(rounds),
+        "selection": selection.reason if selection else "the last round",
+        "stopped_early": bool(selection and selection.stopped_early),
+        "validation": [{"round": h.round, "value": h.value, "sites": h.sites} for h in selection.selection.history]
+        if selection else [],
         "metric_names": list(conf.task().summary_metrics),
     }
 
@@ -145,7 +154,9 @@ def summary_markdown(s: dict[str, Any]) -> str:
         f"## insitu job `{s['job_id']}`",
         "",
         f"Model **{s['model']['model_name']}** version **{s['model']['version']}** → alias "
-        f"`{s['model']['alias']}`; {s['rounds']} federated rounds; config `{s['config_hash']}`.",
+        f"`{s['model']['alias']}`; {s['rounds']} federated rounds"
+        f"{' (stopped early)' if s.get('stopped_early') else ''}; registered global model "
+        f"{s.get('selected_round', s['rounds'])}: {s.get('selection', 'the last round')}; config `{s['config_hash']}`.",
         "",
         f"Gate: **{'passed' if gate.get('passed') else 'failed'}** — {gate.get('reason', 'n/a')}",
         "",

@@ -70,3 +70,26 @@ def read_evaluations(ex: Exchange, sites: list[str], rounds: int) -> dict[str, d
         if held:
             logger.warning("site %s withheld its metrics of %s: %s", s, held, models[held[0]]["withheld"])
     return out
+
+
+@task(retry_condition_fn=retry_if_transient, retries=1, task_run_name="validate-{ctx.site}-round-{rnd}")
+def validate_round(ctx: SiteContext, rnd: int, x: np.ndarray, y: np.ndarray, norm: dict[str, Any]) -> dict[str, Any]:
+    """Score global model ``rnd`` on this site's validation split; publish the metrics (never scores).
+
+    No score histograms: a validation only feeds the round's one number and the early-stopping decision.
+    """
+    metrics = evaluate_weights.fn(ctx, round_name(rnd), x, y, norm)
+    metrics = {k: v for k, v in metrics.items() if k not in ("hist_pos", "hist_neg")}
+    ctx.exchange.put_json("metrics", f"{validation_name(rnd)}.json", {"site": ctx.site, "round": rnd,
+                                                                      "metrics": metrics})
+    return metrics
+
+
+def validation_name(rnd: int) -> str:
+    return f"validation-{round_name(rnd)}"
+
+
+def read_validation(ex: Exchange, rnd: int, sites: list[str]) -> dict[str, dict[str, Any]]:
+    """The validations of global model ``rnd`` that these sites published (schema-checked as read)."""
+    return {s: ex.get_json("metrics", f"{validation_name(rnd)}.json", writer=s)["metrics"] for s in sites
+            if ex.exists("metrics", f"{validation_name(rnd)}.json", writer=s)}

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from prefect import get_run_logger, task
 
-from insitu.config import Conf
+from insitu.config import Conf, TrainingConfig
 from insitu.data.features import feature_names
 from insitu.federated.aggregators import Aggregator
 from insitu.federated.exchange import Exchange
 from insitu.federated.kinds import COORDINATOR
-from insitu.federated.rounds import round_name, run_round
+from insitu.federated.rounds import collect, round_name, run_round
 from insitu.federated.stats import combine, mean_std
+from insitu.federated.validation import RoundValidation
 from insitu.models import Normalization, build_model
+from insitu.specs import TaskSpec
+from tasks.evaluate import read_validation, validation_name
 
 
 @task(task_run_name="global-statistics")
@@ -75,3 +79,39 @@ def aggregate_round(
     logger.info("round %d %s from %s (%d samples)", rnd, "already aggregated (resumed job)" if res.resumed
                 else "aggregated", res.sites, res.n_samples)
     return res.as_dict()
+
+
+@dataclass
+class FederatedRounds:
+    """The Prefect layer's :class:`~insitu.federated.coordinator.RoundDriver`: rounds as tasks, validations
+    read from the exchange, every round logged to MLflow and the progress artifact."""
+
+    ex: Exchange
+    sites: list[str]
+    training: TrainingConfig
+    task: TaskSpec
+    aggregator: Aggregator
+    is_alive: Callable[[str], bool]
+    record_round: Callable[[int, dict[str, Any] | None, RoundValidation | None, dict[str, dict[str, Any]]], None]
+    _per_site: dict[str, dict[str, Any]] = field(default_factory=dict, init=False)  # the last validation read
+
+    def aggregate(self, rnd: int) -> dict[str, Any]:
+        f = self.training.federation
+        return aggregate_round(self.ex, rnd, self.sites, f.min_sites, f.round_deadline_s, self.is_alive,
+                               self.aggregator)
+
+    def validation(self, rnd: int, wait: bool) -> tuple[dict[str, float], list[str]] | None:
+        if wait:  # the last global model: its validations may still be on their way
+            collect(self.ex, "metrics", f"{validation_name(rnd)}.json", self.sites,
+                    self.training.federation.round_deadline_s, self.is_alive)
+        self._per_site = read_validation(self.ex, rnd, self.sites)
+        published = [s for s, m in self._per_site.items() if "withheld" not in m]
+        if not published:
+            return None
+        return self.task.global_metrics(self._per_site), published
+
+    def record(self, rnd: int, result: dict[str, Any] | None, validation: RoundValidation | None) -> None:
+        self.record_round(rnd, result, validation, self._per_site)
+
+    def stop(self, after_round: int, reason: str) -> None:
+        self.ex.put_json("control", "stop.json", {"after_round": after_round, "reason": reason})

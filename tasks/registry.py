@@ -21,6 +21,7 @@ from prefect import get_run_logger, task
 
 from insitu.config import Conf
 from insitu.federated.exchange import state_from_bytes, state_to_bytes
+from insitu.federated.validation import RoundValidation
 from insitu.models import Normalization, build_model
 
 WEIGHTS_DIR = "weights"
@@ -114,10 +115,12 @@ def logged_rounds(runs: dict[str, str]) -> dict[str, set[int]]:
     (some children written, the parent not) neither loses nor duplicates a point.
     """
     client = MlflowClient()
-    out = {"parent": {int(m.step) for m in client.get_metric_history(runs["parent"], "sites_in_round")}}
+    out = {"parent": {int(m.step) for m in client.get_metric_history(runs["parent"], "sites_in_round")},
+           "validation": {int(m.step) for m in client.get_metric_history(runs["parent"], "val_sites")}}
     for key, run_id in runs.items():
         if key != "parent":
             out[key] = {int(m.step) for m in client.get_metric_history(run_id, "train_loss")}
+            out[f"validation-{key}"] = {int(m.step) for m in client.get_metric_history(run_id, "val_count")}
     return out
 
 
@@ -133,6 +136,21 @@ def log_round(runs: dict[str, str], rnd: int, result: dict[str, Any],
         _log_metrics(client, runs["parent"], {"sites_in_round": len(result["sites"])}, step=rnd)
 
 
+def log_validation(runs: dict[str, str], rnd: int, val: RoundValidation, per_site: dict[str, dict[str, Any]],
+                   logged: dict[str, set[int]] | None = None) -> None:
+    """Global model ``rnd``'s validation: each site's metrics on its child run (``val_*``), the combined ones on
+    the parent (``global_val_*``, and ``val_sites``), as step series; each run skips the steps it holds."""
+    client = MlflowClient()
+    logged = logged or {}
+    for s, m in per_site.items():
+        numbers = {f"val_{k}": float(v) for k, v in m.items() if isinstance(v, int | float)}
+        if s in runs and numbers and rnd not in logged.get(f"validation-{s}", set()):
+            _log_metrics(client, runs[s], numbers, step=rnd)
+    if rnd not in logged.get("validation", set()):
+        _log_metrics(client, runs["parent"], {**{f"global_val_{k}": v for k, v in val.metrics.items()},
+                                              "val_sites": float(len(val.sites))}, step=rnd)
+
+
 @task(task_run_name="register-{job_id}")
 def register_model(
     conf: Conf,
@@ -143,8 +161,12 @@ def register_model(
     site_metrics: dict[str, dict[str, float]],
     global_metrics: dict[str, float],
     sites: list[str],
+    selection: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Log final metrics, log and register the model, tag its lineage and set alias ``challenger``.
+
+    ``selection`` says which global model this is (``round``, of ``of``, ``reason``, validation ``metric``):
+    recorded as tags of the version and the parent run.
 
     A job registers one version: a re-run of a job that already registered returns that version.
     """
@@ -162,6 +184,11 @@ def register_model(
     tags = {"job_id": job_id, "dataset": conf.dataset_name, "sites": ",".join(sites),
             "config_hash": conf.config_hash(), "code_version": code_version(),
             "features": ",".join(norm["features"])}
+    if selection:
+        tags.update({"selected_round": str(selection["round"]), "rounds_trained": str(selection["of"]),
+                     "selection": str(selection["reason"])[:500], "validation_metric": str(selection["metric"])})
+        for k in ("selected_round", "rounds_trained", "selection"):
+            client.set_tag(runs["parent"], k, tags[k])
     for k, v in tags.items():
         client.set_model_version_tag(name, version, k, v)
     for k, v in global_metrics.items():

@@ -61,6 +61,10 @@ def shown(text: object, quote: bool = True) -> str:
     return repr(s) if quote else s
 
 
+# One round's validation document (a model's metrics on a site's validation split; no histograms).
+VALIDATION_BYTES = 64 * KIB
+
+
 def site_budgets(rounds: int, model_bytes: int) -> dict[str, int]:
     """Per kind, the bytes one site may have on the exchange once ``rounds`` rounds were trained.
 
@@ -68,7 +72,9 @@ def site_budgets(rounds: int, model_bytes: int) -> dict[str, int]:
     summary, control, anything else) are the coordinator's alone: a site's budget for them is 0.
     """
     per_update = UPDATE_BYTES_FACTOR * model_bytes + MAX_MANIFEST_BYTES
-    return {**SITE_BUDGETS, "update": max(rounds, 0) * per_update}
+    # Metrics: the evaluation, plus one validation per global model (rounds 0 … rounds).
+    metrics = SITE_BUDGETS["metrics"] + (max(rounds, 0) + 1) * VALIDATION_BYTES
+    return {**SITE_BUDGETS, "metrics": metrics, "update": max(rounds, 0) * per_update}
 
 
 def check_budgets(ledger: Mapping[str, Mapping[str, int]], budgets: Mapping[str, int]) -> list[str]:

@@ -59,6 +59,40 @@ def _alive(is_alive: Callable[[str], bool], site: str) -> bool:
         return True
 
 
+def collect(
+    ex: Exchange,
+    kind: str,
+    name: str,
+    sites: list[str],
+    deadline_s: float,
+    is_alive: Callable[[str], bool] | None = None,
+    poll: float = 0.25,
+    alive_every_s: float = 3.0,
+) -> tuple[list[str], list[str]]:
+    """Wait until every site published ``kind/name``, the deadline passes, or the rest are gone.
+
+    Returns ``(arrived, missing)``. A site whose flow run has ended (``is_alive`` False) is not waited for.
+    """
+    deadline = time.monotonic() + deadline_s
+    next_liveness = time.monotonic()
+    arrived: list[str] = []
+    while True:
+        arrived = arrived + [s for s in sites if s not in arrived and ex.exists(kind, name, writer=s)]
+        pending = [s for s in sites if s not in arrived]
+        if not pending or time.monotonic() >= deadline:
+            break
+        # Asking the orchestrator whether a site's run ended is costlier than a HEAD on the exchange.
+        if is_alive is not None and time.monotonic() >= next_liveness:
+            if not any(_alive(is_alive, s) for s in pending):
+                # A site may have published and then ended between our look and its end: look once more.
+                arrived += [s for s in pending if ex.exists(kind, name, writer=s)]
+                break
+            next_liveness = time.monotonic() + alive_every_s
+        time.sleep(poll)
+    arrived = [s for s in sites if s in arrived]
+    return arrived, [s for s in sites if s not in arrived]
+
+
 def collect_updates(
     ex: Exchange,
     rnd: int,
@@ -68,30 +102,8 @@ def collect_updates(
     poll: float = 0.25,
     alive_every_s: float = 3.0,
 ) -> tuple[list[str], list[str]]:
-    """Wait until every site published round ``rnd``, the deadline passes, or the rest are gone.
-
-    Returns ``(arrived, missing)``. A site whose flow run has ended (``is_alive`` False) is not waited for.
-    """
-    name = round_name(rnd)
-    deadline = time.monotonic() + deadline_s
-    next_liveness = time.monotonic()
-    arrived: list[str] = []
-    while True:
-        arrived = arrived + [s for s in sites if s not in arrived
-                             and ex.exists("update", f"{name}.manifest.json", writer=s)]
-        pending = [s for s in sites if s not in arrived]
-        if not pending or time.monotonic() >= deadline:
-            break
-        # Asking the orchestrator whether a site's run ended is costlier than a HEAD on the exchange.
-        if is_alive is not None and time.monotonic() >= next_liveness:
-            if not any(_alive(is_alive, s) for s in pending):
-                # A site may have published and then ended between our look and its end: look once more.
-                arrived += [s for s in pending if ex.exists("update", f"{name}.manifest.json", writer=s)]
-                break
-            next_liveness = time.monotonic() + alive_every_s
-        time.sleep(poll)
-    arrived = [s for s in sites if s in arrived]
-    return arrived, [s for s in sites if s not in arrived]
+    """:func:`collect` for the sites' updates of round ``rnd``."""
+    return collect(ex, "update", f"{round_name(rnd)}.manifest.json", sites, deadline_s, is_alive, poll, alive_every_s)
 
 
 def run_round(

@@ -32,6 +32,7 @@ from insitu.federated.kinds import (
     MAX_STATE_BYTES,
     MIB,
     MIN_ROWS,
+    VALIDATION_BYTES,
     ExchangeError,
     shown,
 )
@@ -310,6 +311,20 @@ class Evaluation(Doc):
     models: Annotated[dict[StateName, MetricsOrWithheld], Field(max_length=8)]
 
 
+class Validation(Doc):
+    """``metrics/validation-round-N.json`` of a site: global model N scored on the site's validation split."""
+
+    site: Site
+    round: Annotated[int, Field(ge=0, le=MAX_ROUNDS)]
+    metrics: MetricsOrWithheld
+
+    @model_validator(mode="after")
+    def _no_histograms(self) -> Validation:
+        if getattr(self.metrics, "hist_pos", None) is not None:
+            raise ValueError("a validation publishes no score histograms")
+        return self
+
+
 # ------------------------------------------------------------------ summary (coordinator)
 class RoundDetail(Doc):
     round: Annotated[int, Field(ge=0, le=MAX_ROUNDS)]
@@ -349,6 +364,12 @@ class Registration(Doc):
     gate: GateRecord | None = None
 
 
+class ValidationPoint(Doc):
+    round: Annotated[int, Field(ge=0, le=MAX_ROUNDS)]
+    value: float
+    sites: Annotated[list[Site], Field(max_length=MAX_SITES)]
+
+
 class Summary(Doc):
     """``summary/summary.json``: :func:`insitu.summary.job_summary`."""
 
@@ -370,11 +391,22 @@ class Summary(Doc):
     finished: Timestamp
     withheld: Annotated[dict[Label, Annotated[list[Site], Field(max_length=MAX_SITES)]], Field(max_length=4)] = {}
     task: MetricName = "binary"
+    selected_round: Annotated[int, Field(ge=0, le=MAX_ROUNDS)] | None = None
+    selection: Text = ""
+    stopped_early: bool = False
+    validation: Annotated[list[ValidationPoint], Field(max_length=MAX_ROUNDS + 1)] = []
     metric_names: Annotated[list[MetricName], Field(max_length=8)] = ["roc_auc", "pr_auc", "loss"]
 
 
 # ------------------------------------------------------------------ control (coordinator)
 class Abort(Doc):
+    reason: Text
+
+
+class Stop(Doc):
+    """``control/stop.json``: training ended early (the validation metric stopped improving)."""
+
+    after_round: Annotated[int, Field(ge=0, le=MAX_ROUNDS)]
     reason: Text
 
 
@@ -403,8 +435,10 @@ ARTEFACTS: tuple[Artefact, ...] = (
     Artefact("update", re.compile(r"round-\d{4,5}\.manifest\.json"), "site", MAX_MANIFEST_BYTES, UpdateManifest),
     Artefact("update", re.compile(r"round-\d{4,5}\.pt"), "site", MAX_STATE_BYTES, None),
     Artefact("metrics", re.compile(r"evaluate\.json"), "site", 256 * KIB, Evaluation),
+    Artefact("metrics", re.compile(r"validation-round-\d{4,5}\.json"), "site", VALIDATION_BYTES, Validation),
     Artefact("summary", re.compile(r"summary\.json"), "coordinator", 4 * MIB, Summary),
     Artefact("control", re.compile(r"abort\.json"), "coordinator", 8 * KIB, Abort),
+    Artefact("control", re.compile(r"stop\.json"), "coordinator", 8 * KIB, Stop),
 )
 
 

@@ -78,9 +78,11 @@ def model_factory(cfg: ModelConfig) -> tuple[ModelFactory, dict[str, Any]]:
     if cfg.name in MODELS:
         return MODELS[cfg.name], {"hidden": list(cfg.hidden), "dropout": cfg.dropout, **cfg.options}
     module, _, attr = cfg.name.partition(":")
+    # Any exception, not only ImportError/AttributeError: a user's module that raises while it is imported (a
+    # missing driver, a typo) must fail as a contract error naming the model too, not as a bare exception.
     try:
         factory = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
+    except Exception as e:
         raise ModelContractError(f"model {cfg.name!r}: cannot import {attr!r} from {module!r} ({type(e).__name__}: "
                                  f"{e}); install the module where every site and the coordinator run, or name a "
                                  f"built-in model ({sorted(MODELS)})") from None
@@ -106,6 +108,12 @@ def build_model(
     except TypeError as e:
         raise ModelContractError(f"model {cfg.name!r} cannot be built with n_features={n_features}, "
                                  f"n_outputs={n_outputs} and options {sorted(options)}: {e}") from None
+    except Exception as e:
+        # The factory ran and raised (e.g. it refuses an option's value): a contract error naming the model, as
+        # documented, chained to the user's exception so that its traceback points into their factory.
+        msg = (f"model {cfg.name!r} failed to build with n_features={n_features}, n_outputs={n_outputs} and "
+               f"options {sorted(options)}: {type(e).__name__}: {e}")
+        raise ModelContractError(msg) from e
     if not isinstance(core, nn.Module):
         raise ModelContractError(f"model {cfg.name!r}: the factory returned {type(core).__name__}, not an nn.Module")
     model = Standardized(core, n_features, n_outputs, norm)

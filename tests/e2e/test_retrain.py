@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 import s3fs
+import torch
 from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, LogFilter, LogFilterFlowRunId
@@ -108,6 +110,55 @@ def test_model_registered_with_challenger_alias_and_metrics(deployed: Platform, 
     for c in children:
         hist = client.get_metric_history(c.info.run_id, "train_loss")
         assert [m.step for m in hist] == list(range(job["rounds"]))
+        # every global model (0 … rounds) validated on the site's own validation split, as a step series
+        val = client.get_metric_history(c.info.run_id, "val_pr_auc")
+        assert [m.step for m in val] == list(range(job["rounds"] + 1))
+
+
+def test_the_best_round_by_validation_is_registered(deployed: Platform, job: dict[str, Any]) -> None:
+    """Each round's global model is validated by the sites; the registered one is the best by the validation
+    metric, and the version, the parent run, the summary and the audit log say which and why."""
+    client = MlflowClient(deployed.mlflow_url)
+    mv = client.get_model_version_by_alias("insitu-fraud", "challenger")
+    run = client.get_run(mv.run_id)
+    series = {int(m.step): m.value for m in client.get_metric_history(run.info.run_id, "global_val_pr_auc")}
+    assert sorted(series) == list(range(job["rounds"] + 1))
+    best = max(series, key=lambda r: (series[r], -r))  # the earlier of equals
+    summary = json.loads(_fs(deployed, "exchange").cat(
+        f"insitu-exchange/jobs/{job['job_id']}/summary/coordinator/summary.json"))
+    assert summary["selected_round"] == best == int(mv.tags["selected_round"]) == int(run.data.tags["selected_round"])
+    assert [v["round"] for v in summary["validation"]] == list(range(job["rounds"] + 1))
+    assert "best round by validation pr_auc" in mv.tags["selection"]
+    (selected,) = [e for e in read_events(deployed.audit_log("coordinator"))
+                   if e["event"] == "job.selected" and e["fields"]["job_id"] == job["job_id"]]
+    assert selected["fields"]["round"] == best and selected["fields"]["stopped_early"] is False
+    # the registered weights are that round's global model
+    from insitu.federated.exchange import state_from_bytes
+
+    raw = _fs(deployed, "exchange").cat(
+        f"insitu-exchange/jobs/{job['job_id']}/weights/coordinator/round-{best:04d}.pt")
+    with_tags = client.download_artifacts(mv.run_id, "weights/state.pt")
+    registered = state_from_bytes(Path(with_tags).read_bytes())
+    exchanged = state_from_bytes(raw)
+    assert all(torch.equal(registered[k], exchanged[k]) for k in exchanged)
+
+
+def test_a_site_scores_one_model_per_job(deployed: Platform, job: dict[str, Any], signer: Any) -> None:
+    """A coordinator may not use a site's test rows as an oracle: after the job's evaluation, asking eu to
+    score another round of the same job is refused with its rule, and audited."""
+    summary = json.loads(_fs(deployed, "exchange").cat(
+        f"insitu-exchange/jobs/{job['job_id']}/summary/coordinator/summary.json"))
+    other = (summary["selected_round"] + 1) % (job["rounds"] + 1)
+    with get_client(sync_client=True) as c:
+        dep = c.read_deployment_by_name("site-evaluate/eu")
+        fr = c.create_flow_run_from_deployment(dep.id, parameters={
+            "job_id": job["job_id"], "weights": [f"round-{other:04d}"], "request": signer(job_id=job["job_id"])})
+        fr = _wait(fr.id, 300)
+    assert fr.state.is_failed() and "rule evaluate.one-selected-round" in fr.state.message, fr.state.message
+    assert f"bound to round-{summary['selected_round']:04d}" in fr.state.message
+    refused = [e for e in read_events(deployed.audit_log("eu"))
+               if e["event"] == "evaluate.refused" and e["fields"].get("job_id") == job["job_id"]]
+    assert refused and refused[-1]["fields"]["rule"] == "evaluate.one-selected-round"
 
 
 def test_audit_logs_verify_and_record_every_read(deployed: Platform, job: dict[str, Any]) -> None:
@@ -193,7 +244,9 @@ def test_a_one_row_test_split_publishes_no_metric(deployed: Platform, job: dict[
             buf = io.BytesIO()
             (first.head(1) if i == 0 else first.head(0)).to_parquet(buf)
             store.fs.pipe(f, buf.getvalue())
-        final = round_name(job["rounds"])
+        summary = json.loads(_fs(deployed, "exchange").cat(
+            f"insitu-exchange/jobs/{job['job_id']}/summary/coordinator/summary.json"))
+        final = round_name(summary["selected_round"])  # the one model eu scores for this job
         with get_client(sync_client=True) as c:
             dep = c.read_deployment_by_name("site-evaluate/eu")
             fr = c.create_flow_run_from_deployment(dep.id, parameters={

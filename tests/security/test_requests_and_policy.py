@@ -157,7 +157,7 @@ def test_a_site_scores_only_the_jobs_final_model_and_the_champion(deployed: Plat
         while not (fr := client.read_flow_run(fr.id)).state.is_final():
             assert time.monotonic() < deadline
             time.sleep(1)
-    assert fr.state.is_failed() and "rule evaluate.final-or-champion" in fr.state.message, fr.state.message
+    assert fr.state.is_failed() and "rule evaluate.one-selected-round" in fr.state.message, fr.state.message
     events = [e for e in read_events(deployed.audit_log("eu")) if e["fields"].get("job_id") == job_id]
     assert [e["event"] for e in events] == ["policy.decision", "evaluate.refused"]
     assert events[1]["fields"]["principal"] == "alice"

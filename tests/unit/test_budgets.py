@@ -13,6 +13,7 @@ from insitu.federated.kinds import (
     MAX_MANIFEST_BYTES,
     SITE_BUDGETS,
     UPDATE_BYTES_FACTOR,
+    VALIDATION_BYTES,
     ProtocolViolation,
     check_budgets,
     site_budgets,
@@ -22,7 +23,8 @@ from insitu.federated.kinds import (
 def test_budgets_per_kind() -> None:
     assert SITE_BUDGETS == {"stats": 64 * KIB, "metrics": 256 * KIB}
     b = site_budgets(rounds=3, model_bytes=10_000)
-    assert b == {"stats": 64 * KIB, "metrics": 256 * KIB,
+    # metrics: the evaluation plus one validation per global model (rounds 0 … 3)
+    assert b == {"stats": 64 * KIB, "metrics": 256 * KIB + 4 * VALIDATION_BYTES,
                  "update": 3 * (UPDATE_BYTES_FACTOR * 10_000 + MAX_MANIFEST_BYTES)}
     assert site_budgets(0, 10_000)["update"] == 0
 
@@ -63,14 +65,14 @@ def test_enforce_protocol_stops_the_job_naming_what_is_wrong(tmp_path: Path) -> 
     ref, base = publish_global(tmp_path)
     publish_update(tmp_path, "eu", 0, ref, ref, base)
     eu = Exchange(store(tmp_path), "job-1", "eu")
-    eu._put_bytes("metrics", "evaluate.json", b" " * (256 * KIB + 1))
+    eu._put_bytes("metrics", "evaluate.json", b" " * (256 * KIB + 2 * VALIDATION_BYTES + 1))
     eu._put_bytes("stats", "rows.parquet", b"PAR1")
     coord = Exchange(store(tmp_path), "job-1", "coordinator")
     model_bytes = coord.get_json("weights", "round-0000.manifest.json")["bytes"]
     with pytest.raises(ProtocolViolation) as e:
         enforce_protocol(coord, site_budgets(1, model_bytes), "evaluate")
     assert str(e.value).startswith("evaluate: the exchange holds what the protocol does not allow; the job stops: ")
-    assert "'eu' has 262,145 bytes of 'metrics' on the exchange; its budget is 262,144" in str(e.value)
+    assert "'eu' has 393,217 bytes of 'metrics' on the exchange; its budget is 393,216" in str(e.value)
     assert "stats/eu/rows.parquet is not an artefact of the protocol" in str(e.value)
     # a second round's update is over a budget sized for one round
     publish_update(tmp_path, "eu", 1, ref, ref, base)

@@ -187,7 +187,7 @@ def test_unknown_dataset_is_reported() -> None:
     msg = str(info.value)
     assert str(CONF / DATASETS) in msg
     assert "key 'datasets.payments'" in msg
-    assert "defined: ['fraud']" in msg
+    assert "defined: ['digits', 'fraud']" in msg
 
 
 # --------------------------------------------------------------------------- bad configs
@@ -612,7 +612,7 @@ def test_a_training_config_may_not_be_a_link_out_of_conf_training(conf_copy: Pat
 
 
 def test_an_unknown_training_name_lists_the_known_ones(conf_copy: Path) -> None:
-    with pytest.raises(ConfigError, match=r"holds no nope\.yaml \(it holds \['fraud', 'fraud_single'\]\)"):
+    with pytest.raises(ConfigError, match=r"holds no nope\.yaml \(it holds \['digits', 'fraud', 'fraud_single'\]\)"):
         trusted_training("nope", conf_copy)
 
 
@@ -640,7 +640,7 @@ def test_a_dataset_is_named_by_a_plain_key_of_datasets_yaml(dataset: str) -> Non
         load_conf("fraud", dataset=dataset, directory=CONF)
     msg = str(info.value)
     assert str(CONF / DATASETS) in msg and "a run names a dataset by its key in datasets.yaml" in msg
-    assert "defined: ['fraud']" in msg
+    assert "defined: ['digits', 'fraud']" in msg
 
 
 def test_a_dataset_key_that_no_run_could_name_is_refused(conf_copy: Path) -> None:
