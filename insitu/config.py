@@ -297,6 +297,12 @@ class SchemaConfig(_Strict):
             raise ValueError(f"label column {self.label!r} may not be nullable: a row without a label cannot train")
         if label.transform != "none":
             raise ValueError(f"label column {self.label!r}: transforms apply to features, not to the label")
+        for name, spec in self.feature_columns.items():
+            # A missing number would reach the model (and the federated sums) as NaN: insitu does not impute.
+            if spec.nullable and spec.type in ("float", "int", "bool"):
+                raise _Refusal(f"feature {name!r} of type {spec.type} is nullable, and insitu does not impute "
+                               "missing numbers: fill them before `insitu data put`, or set nullable: false to "
+                               "quarantine rows that lack it", at=("columns", name, "nullable"))
         return self
 
     @property

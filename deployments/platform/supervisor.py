@@ -518,7 +518,9 @@ class Platform:
                            "--dashboard-address", "127.0.0.1:0",
                            "--memory-limit", "2GiB", "--local-directory", str(self.actor_home(s.name) / "dask"),
                            "--name", f"{s.name}-worker"],
-                          self.dask_env(s.name),
+                          # The checkout on the import path, as for the site's flows (which run from it): a
+                          # user's model module kept there (examples/models.py) is importable by every rank.
+                          {**self.dask_env(s.name), "PYTHONPATH": str(REPO)},
                           lambda site=s.name, n=s.dask.local_workers: self._dask_workers_ok(site, n), account=acct)
             )
         return comps

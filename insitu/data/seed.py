@@ -69,10 +69,12 @@ def _write(store: Store, path: str, df: pd.DataFrame) -> str:
     url = store.full_url(path)
     if store.url.startswith("file://"):  # object stores have no folders; a local one needs its parents
         store.fs.makedirs(store.path(path).rsplit("/", 1)[0], exist_ok=True)
-    if path.endswith(".csv"):
-        df.to_csv(url, storage_options=store.options or None, index=False)
-    else:
-        df.to_parquet(url, storage_options=store.options or None, index=False)
+    # Through the store's own filesystem: pandas would hand a file:// URL to urllib, which cannot write.
+    with store.fs.open(store.path(path), "wb") as f:
+        if path.endswith(".csv"):
+            f.write(df.to_csv(index=False).encode())
+        else:
+            df.to_parquet(f, index=False)
     return url
 
 

@@ -103,7 +103,7 @@ when {
   context.purpose == "digit-recognition" &&
   ["single", "ddp"].contains(context.strategy) &&
   ["fedavg", "fedprox", "fedadam", "fedyogi", "fedadagrad", "median", "trimmed_mean"].contains(context.aggregator) &&
-  context.model == "tabular_mlp" &&
+  ["tabular_mlp", "examples.models:residual_mlp"].contains(context.model) &&
   context.rounds <= 50
 };
 

@@ -677,3 +677,15 @@ def test_one_broken_dataset_does_not_block_a_job_on_another(conf_copy: Path) -> 
         load_conf("fraud", "claims", directory=conf_copy)
     with pytest.raises(ConfigError, match=r"datasets.claims"):  # the whole file, as `insitu validate` checks it
         load_datasets(path)
+
+
+def test_a_nullable_number_feature_is_refused_because_nothing_imputes_it() -> None:
+    from pydantic import ValidationError
+
+    from insitu.config import SchemaConfig
+
+    cols = {"id": {"type": "string"}, "y": {"type": "bool"}, "age": {"type": "float", "nullable": True}}
+    with pytest.raises(ValidationError, match="feature 'age' of type float is nullable.*does not impute"):
+        SchemaConfig.model_validate({"id": "id", "label": "y", "columns": cols})
+    cols["age"] = {"type": "category", "values": ["young", "old"], "nullable": True}  # all-zero one-hot: fine
+    SchemaConfig.model_validate({"id": "id", "label": "y", "columns": cols})

@@ -1,0 +1,131 @@
+"""The second shipped example end to end, as a new user runs it: their own files (CSV, put into each site's
+store with `insitu data put`), a multi-class task, their own model class by import path, a signed request —
+and a registered, gated model whose metrics are the task's."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import s3fs
+import yaml
+from mlflow.tracking import MlflowClient
+from prefect.client.orchestration import get_client
+
+from deployments import cli_data as data
+from deployments.platform import Platform
+from insitu.config import load_datasets
+from insitu.data.digits import digits_frames
+from insitu.governance.audit import read_events
+
+pytestmark = pytest.mark.e2e
+ROUNDS = 3
+
+
+def _wait(flow_run_id: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as c:
+        while True:
+            fr = c.read_flow_run(flow_run_id)
+            if (fr.state and fr.state.is_final()) or time.monotonic() > deadline:
+                return fr
+            time.sleep(2)
+
+
+@pytest.fixture(scope="module")
+def digits_job(deployed: Platform, signer: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    # 1. each site's own file goes into its own store, in the format its shard's path names
+    ds = load_datasets(deployed.conf_dir / "datasets.yaml", only="digits").datasets["digits"]
+    files = tmp_path_factory.mktemp("digits")
+    for site, frame in digits_frames(seed=3).items():
+        (shard,) = ds.shards_of(site)
+        local = files / Path(shard.path).name
+        if shard.path.endswith(".csv"):
+            frame.to_csv(local, index=False)
+        else:
+            frame.to_parquet(local, index=False)
+        data.put(deployed, site, local, shard.path)
+    # 2. a training config with the user's own model class (examples/models.py), beside the shipped one
+    training = f"e2e-digits-own-{uuid.uuid4().hex[:6]}"
+    cfg = yaml.safe_load((deployed.conf_dir / "training" / "digits.yaml").read_text())
+    cfg.update({"rounds": ROUNDS, "model": {"name": "examples.models:residual_mlp",
+                                            "options": {"width": 48, "blocks": 2}},
+                "registry": {"model_name": f"insitu-{training}"}})
+    path = deployed.conf_dir / "training" / f"{training}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    try:
+        # 3. a signed request, as `insitu run --as alice --dataset digits --training … --purpose …` makes it
+        job_id = f"e2e-digits-{uuid.uuid4().hex[:6]}"
+        request = signer(training=training, job_id=job_id, dataset="digits", purpose="digit-recognition")
+        with get_client(sync_client=True) as c:
+            dep = c.read_deployment_by_name("retrain/coordinator")
+            fr = c.create_flow_run_from_deployment(dep.id, parameters={"params": {
+                "training": training, "dataset": "digits", "job_id": job_id, "request": request}})
+        fr = _wait(fr.id, 1500)
+    finally:
+        path.unlink()
+    return {"flow_run": fr, "job_id": job_id, "model_name": f"insitu-{training}"}
+
+
+def test_the_digits_job_completes(digits_job: dict[str, Any]) -> None:
+    fr = digits_job["flow_run"]
+    assert fr.state.is_completed(), fr.state.message
+
+
+def test_a_gated_model_with_the_tasks_metrics_is_registered(deployed: Platform, digits_job: dict[str, Any]) -> None:
+    client = MlflowClient(deployed.mlflow_url)
+    mv = client.get_model_version_by_alias(digits_job["model_name"], "challenger")
+    assert mv.tags["job_id"] == digits_job["job_id"]
+    assert mv.tags["gate"] == "passed", mv.tags.get("gate_reason")  # first model: macro-F1 above 0.5
+    assert "macro_f1" in mv.tags["gate_reason"]
+    run = client.get_run(mv.run_id)
+    assert run.data.params["task"] == "multiclass"
+    assert run.data.metrics["global_test_macro_f1"] > 0.7, run.data.metrics
+    assert 0.0 <= run.data.metrics["global_test_accuracy"] <= 1.0
+    assert "global_test_pr_auc" not in run.data.metrics  # a binary metric has no meaning here
+    for site in ("eu", "us", "apac"):
+        assert f"{site}_test_macro_f1" in run.data.metrics and f"site_{site}_test_macro_f1" in mv.tags
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    assert {"plots/confusion_matrix.png", "plots/site_metrics.png"} <= artifacts
+    assert "plots/pr_curve.png" not in artifacts
+    val = client.get_metric_history(run.info.run_id, "global_val_macro_f1")
+    assert [int(m.step) for m in val] == list(range(ROUNDS + 1))
+
+
+def test_the_registered_model_is_the_users_class_and_predicts_digits(deployed: Platform,
+                                                                     digits_job: dict[str, Any]) -> None:
+    """Loaded from the registry, the model takes raw pixels (its normalisation is inside it) and returns ten
+    logits; on the public digits it predicts far better than chance."""
+    import mlflow.pytorch
+    import torch
+    from sklearn.datasets import load_digits
+
+    mlflow.set_tracking_uri(deployed.mlflow_url)
+    model = mlflow.pytorch.load_model(f"models:/{digits_job['model_name']}@challenger")
+    assert type(model.core).__name__ == "ResidualMLP"
+    x, y = load_digits(return_X_y=True)
+    with torch.no_grad():
+        logits = model(torch.from_numpy(x.astype(np.float32)))
+    assert logits.shape == (len(y), 10)
+    assert float((logits.argmax(dim=1).numpy() == y).mean()) > 0.7
+
+
+def test_the_summary_and_the_audit_speak_of_the_task(deployed: Platform, digits_job: dict[str, Any]) -> None:
+    fs = s3fs.S3FileSystem(**deployed.storage_options("exchange", "coordinator"))
+    summary = json.loads(fs.cat(f"insitu-exchange/jobs/{digits_job['job_id']}/summary/coordinator/summary.json"))
+    assert summary["task"] == "multiclass" and summary["metric_names"] == ["accuracy", "macro_f1", "log_loss"]
+    assert summary["global_metrics"]["macro_f1"] > 0.7
+    # the sites published confusion matrices (counts), never a row: the test rows add up, per site
+    for site in ("eu", "us", "apac"):
+        ev = json.loads(fs.cat(f"insitu-exchange/jobs/{digits_job['job_id']}/metrics/{site}/evaluate.json"))
+        (model,) = [m for name, m in ev["models"].items() if name.startswith("round-")]
+        assert model["task"] == "multiclass" and int(np.sum(model["confusion"])) == int(model["count"])
+    decisions = [e for e in read_events(deployed.audit_log("eu"))
+                 if e["event"] == "policy.decision" and e["fields"].get("job_id") == digits_job["job_id"]]
+    assert decisions and all(d["fields"]["allowed"] for d in decisions), decisions
+    assert {d["fields"]["rule"] for d in decisions} == {"data-scientists-digits"}
