@@ -277,6 +277,8 @@ def _run_and_follow(p: Platform, training: str, dataset: str, rounds: int | None
     from prefect.deployments import run_deployment
 
     from insitu.federated.exchange import Exchange
+    from insitu.federated.kinds import COORDINATOR
+    from insitu.federated.paths import MANIFEST_SUFFIX, SUMMARY, Kind
     from insitu.governance.principals import ENV_PRINCIPAL_KEY
     from insitu.storage import store_from_env
 
@@ -305,9 +307,9 @@ def _run_and_follow(p: Platform, training: str, dataset: str, rounds: int | None
                 kids = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=job_id)))
                 done_prep = sum(1 for k in kids if k.name.startswith("site-prepare") and k.state_name == "Completed")
                 done_eval = sum(1 for k in kids if k.name.startswith("site-evaluate") and k.state_name == "Completed")
-                rounds_done = max(0, len([x for x in ex.list("weights", "coordinator") if x.endswith(".manifest.json")])
+                rounds_done = max(0, len([x for x in ex.list(Kind.WEIGHTS, COORDINATOR) if x.endswith(MANIFEST_SUFFIX)])
                                   - 1)
-                registered = ex.exists("summary", "summary.json", writer="coordinator")
+                registered = ex.exists(SUMMARY, writer=COORDINATOR)
                 phase = ("register" if done_eval == n_sites else "evaluate" if rounds_done >= c.training.rounds
                          else f"round {rounds_done + 1}/{c.training.rounds}" if done_prep == n_sites else "prepare")
                 prog.update(task, completed=done_prep + rounds_done + done_eval + int(registered),
@@ -319,7 +321,7 @@ def _run_and_follow(p: Platform, training: str, dataset: str, rounds: int | None
         console.print(f"[red]retrain {run.state_name}[/red]: {run.state.message if run.state else ''}")
         console.print(f"logs: {p.prefect_ui_url}/runs/flow-run/{fr.id}")
         raise typer.Exit(1)
-    return ex.get_json("summary", "summary.json", writer="coordinator")
+    return ex.get_json(SUMMARY, writer=COORDINATOR)
 
 
 def _print_summary(s: dict[str, Any]) -> None:

@@ -19,8 +19,8 @@ from insitu.config import JOB_ID_PATTERN, load_conf, load_training, trusted_trai
 from insitu.federated.aggregators import build_aggregator
 from insitu.federated.coordinator import run_rounds
 from insitu.federated.exchange import Exchange
-from insitu.federated.kinds import MAX_UPDATE_NORM
-from insitu.federated.rounds import round_name
+from insitu.federated.kinds import COORDINATOR, MAX_UPDATE_NORM
+from insitu.federated.paths import ABORT, CHAMPION, GLOBAL_STATS, PLAN, PREPARE_STATS, SUMMARY, global_weights
 from insitu.federated.validation import RoundValidation, Selection
 from insitu.governance.approvals import approvals_dir, find_approval
 from insitu.governance.audit_service import Auditor
@@ -80,21 +80,21 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
     ident, fr_id = actor_identity("coordinator", job_id)
     audit = ident.audit()
     signed = job_request(params, job_id, overrides, audit, fr_id)
-    ex = Exchange(store_from_env(conf.sites.exchange, "exchange"), job_id, writer="coordinator")
+    ex = Exchange(store_from_env(conf.sites.exchange, "exchange"), job_id, writer=COORDINATOR)
 
     # ---- plan: each shard goes only to the pool of the site it is pinned to
     plan = {s: [sh.id for sh in conf.dataset.shards_of(s)] for s in conf.sites.names}
     plan = {s: ids for s, ids in plan.items() if ids}
-    if ex.exists("plan", "plan.json"):  # a re-run of this job: it resumes only under the same configuration
-        before = ex.get_json("plan", "plan.json")
+    if ex.exists(PLAN):  # a re-run of this job: it resumes only under the same configuration
+        before = ex.get_json(PLAN)
         if before["config_hash"] != conf.config_hash():
             raise ValueError(
                 f"job {job_id} was started with configuration hash {before['config_hash']}; this run's is "
                 f"{conf.config_hash()} (training {params.training!r}, overrides {overrides}). Re-run it with the "
                 "same training config and overrides to resume it, or leave job_id empty to start a new job.")
         logger.info("job %s exists: resuming it (finished rounds are reused)", job_id)
-    ex.put_json("plan", "plan.json", {"job_id": job_id, "dataset": conf.dataset_name, "shards": plan,
-                                      "config_hash": conf.config_hash(), "training": t.model_dump(mode="json")})
+    ex.put_json(PLAN, {"job_id": job_id, "dataset": conf.dataset_name, "shards": plan,
+                       "config_hash": conf.config_hash(), "training": t.model_dump(mode="json")})
     req = signed.request
     audit.append("job.planned", job_id=job_id, flow_run_id=fr_id, shards=plan, config_hash=conf.config_hash(),
                  claimed_principal=req.principal, purpose=req.purpose, request=signed.digest(), standing=req.standing)
@@ -113,10 +113,10 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
               "overrides": overrides or None, "request": signed.model_dump(mode="json")}
 
     # ---- prepare, in parallel on every site's pool
-    if ex.exists("stats", "global.json"):
+    if ex.exists(GLOBAL_STATS):
         # A re-run of a job that got past prepare: its rounds were trained on the data prepared then, so it
         # is not prepared again (new raw data would otherwise mix into a half-trained job).
-        sites = [s for s in plan if ex.exists("stats", "prepare.json", writer=s)]
+        sites = [s for s in plan if ex.exists(PREPARE_STATS, writer=s)]
         logger.info("job %s was prepared before on %s; reusing that preparation", job_id, sites)
     else:
         ids = start_site_runs("site-prepare", {s: {**common, "shards": shards} for s, shards in plan.items()}, pools)
@@ -133,7 +133,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
     # System metrics (CPU, memory) of the coordinator are recorded on the parent run while it is active.
     with mlflow.start_run(run_id=mlruns["parent"], log_system_metrics=True):
         # ---- train: one long-lived site-train run per site; rounds exchange through the exchange
-        ex.delete("control", "abort.json")  # a re-run of an aborted job starts clean
+        ex.delete(ABORT)  # a re-run of an aborted job starts clean
         # Sites wait for each round's weights a little longer than the coordinator waits for them.
         wait_s = 2 * t.federation.round_deadline_s + 300
         ids = start_site_runs("site-train", {s: {**common, "wait_timeout_s": wait_s} for s in sites}, pools)
@@ -169,7 +169,8 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
         runs = wait_for_runs(ids, params.phase_timeout_s)
         for s, why in failed(runs).items():
             logger.warning("site-train on %s did not complete: %s", s, why)
-        final = round_name(outcome.selected)  # the model that is evaluated, gated and registered
+        selected = global_weights(outcome.selected)  # the model that is evaluated, gated and registered
+        final = selected.name  # as the sites' evaluations name it
         logger.info("registering global model %d of %d: %s", outcome.selected, outcome.last, outcome.reason)
         audit.append("job.selected", job_id=job_id, flow_run_id=fr_id, round=outcome.selected, last=outcome.last,
                      reason=outcome.reason, stopped_early=outcome.stopped_early)
@@ -178,8 +179,8 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
         champion = load_champion(conf, stats["norm"]["features"])
         names = [final]
         if champion:
-            ex.put_state("weights", "champion", champion["state"], version=champion["version"])
-            names.append("champion")
+            ex.put_state(CHAMPION, champion["state"], version=champion["version"])
+            names.append(CHAMPION.name)
         ids = start_site_runs("site-evaluate", {s: {**common, "weights": names} for s in sites}, pools)
         runs = wait_for_runs(ids, params.phase_timeout_s)
         bad = failed(runs)
@@ -188,11 +189,11 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
         evaluated = read_evaluations(ex, eval_sites, t.rounds)
         site_metrics = {s: _numbers(m[final]) for s, m in evaluated.items()}
         global_metrics = task.global_metrics({s: m[final] for s, m in evaluated.items()})
-        champ_sites = {s: _numbers(m["champion"]) for s, m in evaluated.items()} if champion else None
-        champ_global = task.global_metrics({s: m["champion"] for s, m in evaluated.items()}) if champion else None
+        champ_sites = {s: _numbers(m[CHAMPION.name]) for s, m in evaluated.items()} if champion else None
+        champ_global = task.global_metrics({s: m[CHAMPION.name] for s, m in evaluated.items()}) if champion else None
 
         # ---- register, gate, promote
-        state, man = ex.get_state("weights", final, writer="coordinator")
+        state, man = ex.get_state(selected, writer=COORDINATOR)
         made = rounds[outcome.selected - 1]["sha256"] if outcome.selected > 0 else None
         if made and man["sha256"] != made:
             raise RuntimeError(f"the weights of {final} on the exchange ({man['sha256'][:12]}…) are not the ones this "
@@ -219,7 +220,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
             logger.warning("the row floor left %s out of the %s", left_out, what)
     summary = job_summary(job_id, conf, stats["per_site"], rounds, site_metrics, global_metrics, reg, ex.ledger(),
                           started, identities, withheld, selection=outcome)
-    ex.put_json("summary", "summary.json", summary)
+    ex.put_json(SUMMARY, summary)
     create_markdown_artifact(key="retrain-summary", markdown=summary_markdown(summary),
                              description=f"insitu job {job_id}")
     primary = task.gate_metric(t.gate.primary_metric).name

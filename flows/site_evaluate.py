@@ -8,10 +8,11 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from insitu.data.loader import load_split
-from insitu.federated.rounds import round_name
+from insitu.federated.kinds import COORDINATOR
+from insitu.federated.paths import CHAMPION, EVALUATION, GLOBAL_STATS, round_name, validation
 from tasks.anchoring import anchor_site
 from tasks.context import SiteContext, site_context
-from tasks.evaluate import evaluate_weights, validation_name
+from tasks.evaluate import evaluate_weights
 
 
 @flow(name="site-evaluate", log_prints=False)
@@ -32,7 +33,7 @@ def site_evaluate(
         ctx.audit.append("evaluate.refused", job_id=job_id, flow_run_id=ctx.flow_run_id,
                          rule="evaluate.one-selected-round", reason=reason)
         raise PermissionError(f"{reason}; rule evaluate.one-selected-round")
-    norm = ctx.exchange.get_json("stats", "global.json", writer="coordinator")
+    norm = ctx.exchange.get_json(GLOBAL_STATS, writer=COORDINATOR)
     x, y = load_split(ctx.store, dataset, job_id, "test")
     ctx.audit.append("data.read", what="prepared/test", job_id=job_id, flow_run_id=ctx.flow_run_id, rows=len(y))
     results = {}
@@ -40,7 +41,7 @@ def site_evaluate(
         results[name] = evaluate_weights(ctx, name, x, y, norm)
         logger.info("site=%s model=%s %s", ctx.site, name,
                     " ".join(f"{k}={v:.4f}" for k, v in results[name].items() if isinstance(v, float)))
-    ctx.exchange.put_json("metrics", "evaluate.json", {"site": ctx.site, "ran_as": ctx.ran_as, "models": results})
+    ctx.exchange.put_json(EVALUATION, {"site": ctx.site, "ran_as": ctx.ran_as, "models": results})
     anchor_site(ctx.audit, ctx.exchange.store, ctx.site, job_id, "evaluate")
     return results
 
@@ -55,14 +56,14 @@ def evaluation_refusal(ctx: SiteContext, job_id: str, weights: list[str]) -> str
     store; any other round is refused afterwards.
     """
     rounds = ctx.conf.training.rounds
-    models = [w for w in weights if w != "champion"]
+    models = [w for w in weights if w != CHAMPION.name]
     if not weights or len(models) != 1 or len(weights) != len(set(weights)):
         return "a job's evaluation scores exactly one global model of the job (and at most the champion)"
     (name,) = models
     known = {round_name(r): r for r in range(rounds + 1)}
     if name not in known:
         return f"{name[:40]!r} is not a global model of this job (rounds 0 to {rounds})"
-    validated = [r for r in range(rounds + 1) if ctx.exchange.exists("metrics", f"{validation_name(r)}.json")]
+    validated = [r for r in range(rounds + 1) if ctx.exchange.exists(validation(r))]
     if validated and known[name] not in validated:
         return f"this site did not validate {name} during the job (it validated rounds {validated[:3]}…)"
     if not validated and known[name] != rounds:

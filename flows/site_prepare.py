@@ -11,6 +11,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from insitu.federated.paths import PREPARE_STATS
 from insitu.governance.residency import admit_shards
 from tasks.anchoring import anchor_site
 from tasks.context import site_context
@@ -38,7 +39,7 @@ def site_prepare(
     summary = prepare_shards(ctx, admitted, job_id)
     summary["site"] = ctx.site
     summary["ran_as"] = ctx.ran_as
-    ctx.exchange.put_json("stats", "prepare.json", summary)
+    ctx.exchange.put_json(PREPARE_STATS, summary)
     logger.info("site=%s prepared %d rows, quarantined %d, unreadable shards %s", ctx.site,
                 summary["rows_prepared"], summary["rows_quarantined"], summary["shards_unreadable"])
     anchor_site(ctx.audit, ctx.exchange.store, ctx.site, job_id, "prepare")

@@ -6,10 +6,11 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from insitu.federated.rounds import round_name
+from insitu.federated.kinds import COORDINATOR
+from insitu.federated.paths import ABORT, GLOBAL_STATS, STOP, global_weights, update, validation
 from tasks.anchoring import anchor_site
 from tasks.context import SiteContext, site_context
-from tasks.evaluate import validate_round, validation_name
+from tasks.evaluate import validate_round
 from tasks.train import train_round
 
 
@@ -26,31 +27,29 @@ def site_train(
     logger = get_run_logger()
     ctx = site_context(job_id, training, dataset, overrides, request, "train")
     t = ctx.conf.training
-    norm = ctx.exchange.get_json("stats", "global.json", writer="coordinator")
+    norm = ctx.exchange.get_json(GLOBAL_STATS, writer=COORDINATOR)
     val = validation_rows(ctx)
     done = 0
     # Round r: validate global model r (the one trained from), then train it; the last global model is only
     # validated. The coordinator combines the validations into its early-stopping and selection decisions.
     for rnd in range(t.rounds + 1):
-        name = round_name(rnd)
-        weights = ("weights", f"{name}.manifest.json", "coordinator")
-        abort = ("control", "abort.json", "coordinator")
-        stop = ("control", "stop.json", "coordinator")
-        if ctx.exchange.wait_for_any([weights, abort, stop], wait_timeout_s) is None:
-            raise TimeoutError(f"site {ctx.site}: no global weights for {name} after {wait_timeout_s:.0f}s")
-        if ctx.exchange.exists("control", "abort.json", writer="coordinator"):
-            reason = ctx.exchange.get_json("control", "abort.json", writer="coordinator").get("reason")
+        weights = global_weights(rnd)
+        waited = [(weights.manifest, COORDINATOR), (ABORT, COORDINATOR), (STOP, COORDINATOR)]
+        if ctx.exchange.wait_for_any(waited, wait_timeout_s) is None:
+            raise TimeoutError(f"site {ctx.site}: no global weights for {weights.name} after {wait_timeout_s:.0f}s")
+        if ctx.exchange.exists(ABORT, writer=COORDINATOR):
+            reason = ctx.exchange.get_json(ABORT, writer=COORDINATOR).get("reason")
             logger.warning("coordinator aborted job %s after %d rounds here: %s", job_id, done, reason)
             break
-        if ctx.exchange.exists("control", "stop.json", writer="coordinator"):
-            reason = ctx.exchange.get_json("control", "stop.json", writer="coordinator").get("reason")
+        if ctx.exchange.exists(STOP, writer=COORDINATOR):
+            reason = ctx.exchange.get_json(STOP, writer=COORDINATOR).get("reason")
             logger.info("coordinator stopped job %s early after %d rounds here: %s", job_id, done, reason)
             break
-        if val is not None and not ctx.exchange.exists("metrics", f"{validation_name(rnd)}.json"):
+        if val is not None and not ctx.exchange.exists(validation(rnd)):
             validate_round(ctx, rnd, val[0], val[1], norm)
         if rnd == t.rounds:
             break
-        if ctx.exchange.exists("update", f"{name}.manifest.json"):
+        if ctx.exchange.exists(update(rnd).manifest):
             logger.info("round %d already published by this site (resumed run); skipping", rnd)
         else:
             train_round(ctx, rnd, norm)

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 from insitu.config import Conf
 from insitu.federated.exchange import Exchange
+from insitu.federated.paths import EVALUATION, PREPARE_STATS, update
 
 if TYPE_CHECKING:
     from insitu.federated.coordinator import RoundsOutcome
-from insitu.federated.rounds import round_name
 
 
 def job_summary(
@@ -91,12 +91,12 @@ def collect_identities(
     trained, evaluate); the coordinator's own for plan, aggregation and registration."""
     out: dict[str, dict[str, Any]] = {"coordinator": {"plan, aggregate, register": coordinator}}
     for s in sites:
-        steps: dict[str, Any] = {"prepare": ex.get_json("stats", "prepare.json", writer=s).get("ran_as")}
-        trained = [r for r in range(n_rounds) if ex.exists("update", f"{round_name(r)}.manifest.json", writer=s)]
+        steps: dict[str, Any] = {"prepare": ex.get_json(PREPARE_STATS, writer=s).get("ran_as")}
+        trained = [r for r in range(n_rounds) if ex.exists(update(r).manifest, writer=s)]
         if trained:
-            steps["train"] = ex.get_json("update", f"{round_name(trained[-1])}.manifest.json", writer=s).get("ran_as")
+            steps["train"] = ex.get_json(update(trained[-1]).manifest, writer=s).get("ran_as")
         if s in eval_sites:
-            steps["evaluate"] = ex.get_json("metrics", "evaluate.json", writer=s).get("ran_as")
+            steps["evaluate"] = ex.get_json(EVALUATION, writer=s).get("ran_as")
         out[s] = steps
     return out
 

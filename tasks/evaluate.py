@@ -14,7 +14,7 @@ from torch import nn
 
 from insitu.federated.exchange import Exchange, enforce_protocol
 from insitu.federated.kinds import COORDINATOR, MIN_ROWS, site_budgets
-from insitu.federated.rounds import round_name
+from insitu.federated.paths import EVALUATION, global_weights, validation, weights
 from insitu.metrics import withheld
 from insitu.models import build_model
 from insitu.specs import TaskSpec
@@ -40,7 +40,7 @@ def score(model: nn.Module, task: TaskSpec, x: np.ndarray, y: np.ndarray, loss_p
 
 @task(retry_condition_fn=retry_if_transient, retries=1, task_run_name="evaluate-{ctx.site}-{name}")
 def evaluate_weights(ctx: SiteContext, name: str, x: np.ndarray, y: np.ndarray, norm: dict[str, Any]) -> dict[str, Any]:
-    state, _ = ctx.exchange.get_state("weights", name, writer=COORDINATOR)
+    state, _ = ctx.exchange.get_state(weights(name), writer=COORDINATOR)
     task = ctx.conf.task()
     model = build_model(ctx.conf.training.model, len(norm["mean"]), task.n_outputs)
     model.load_state_dict(state)
@@ -55,9 +55,9 @@ def evaluations(ex: Exchange, sites: list[str], rounds: int) -> dict[str, dict[s
     site over budget, or with objects outside the protocol, stops the job (ProtocolViolation) before anything
     it wrote is read.
     """
-    model_bytes = ex.get_json("weights", f"{round_name(0)}.manifest.json", writer=COORDINATOR)["bytes"]
+    model_bytes = ex.get_json(global_weights(0).manifest, writer=COORDINATOR)["bytes"]
     enforce_protocol(ex, site_budgets(rounds, int(model_bytes)), "evaluate")
-    return {s: ex.get_json("metrics", "evaluate.json", writer=s)["models"] for s in sites}
+    return {s: ex.get_json(EVALUATION, writer=s)["models"] for s in sites}
 
 
 @task(task_run_name="read-evaluations")
@@ -78,18 +78,13 @@ def validate_round(ctx: SiteContext, rnd: int, x: np.ndarray, y: np.ndarray, nor
 
     No score histograms: a validation only feeds the round's one number and the early-stopping decision.
     """
-    metrics = evaluate_weights.fn(ctx, round_name(rnd), x, y, norm)
+    metrics = evaluate_weights.fn(ctx, global_weights(rnd).name, x, y, norm)
     metrics = {k: v for k, v in metrics.items() if k not in ("hist_pos", "hist_neg")}
-    ctx.exchange.put_json("metrics", f"{validation_name(rnd)}.json", {"site": ctx.site, "round": rnd,
-                                                                      "metrics": metrics})
+    ctx.exchange.put_json(validation(rnd), {"site": ctx.site, "round": rnd, "metrics": metrics})
     return metrics
-
-
-def validation_name(rnd: int) -> str:
-    return f"validation-{round_name(rnd)}"
 
 
 def read_validation(ex: Exchange, rnd: int, sites: list[str]) -> dict[str, dict[str, Any]]:
     """The validations of global model ``rnd`` that these sites published (schema-checked as read)."""
-    return {s: ex.get_json("metrics", f"{validation_name(rnd)}.json", writer=s)["metrics"] for s in sites
-            if ex.exists("metrics", f"{validation_name(rnd)}.json", writer=s)}
+    return {s: ex.get_json(validation(rnd), writer=s)["metrics"] for s in sites
+            if ex.exists(validation(rnd), writer=s)}

@@ -14,12 +14,13 @@ from insitu.data.features import feature_names
 from insitu.federated.aggregators import Aggregator
 from insitu.federated.exchange import Exchange
 from insitu.federated.kinds import COORDINATOR
-from insitu.federated.rounds import collect, round_name, run_round
+from insitu.federated.paths import GLOBAL_STATS, PREPARE_STATS, STOP, global_weights, validation
+from insitu.federated.rounds import collect, run_round
 from insitu.federated.stats import combine, mean_std
 from insitu.federated.validation import RoundValidation
 from insitu.models import Normalization, build_model
 from insitu.specs import TaskSpec
-from tasks.evaluate import read_validation, validation_name
+from tasks.evaluate import read_validation
 
 
 @task(task_run_name="global-statistics")
@@ -30,7 +31,7 @@ def publish_global_stats(ex: Exchange, conf: Conf, sites: list[str]) -> dict[str
     its statistics must also have one value per feature of the dataset.
     """
     features = feature_names(conf.dataset.schema_)
-    per_site = {s: ex.get_json("stats", "prepare.json", writer=s) for s in sites}
+    per_site = {s: ex.get_json(PREPARE_STATS, writer=s) for s in sites}
     for s, p in per_site.items():
         width = len(p["train_stats"]["sum"])
         if p["train_stats"]["n"] and width != len(features):
@@ -44,17 +45,18 @@ def publish_global_stats(ex: Exchange, conf: Conf, sites: list[str]) -> dict[str
             "loss_params": task.loss_params(total)}
     if "label_counts" in total:
         norm["label_counts"] = total["label_counts"]
-    ex.put_json("stats", "global.json", norm)
+    ex.put_json(GLOBAL_STATS, norm)
     return {"norm": norm, "per_site": per_site}
 
 
 @task(task_run_name="initial-weights")
 def publish_initial_weights(ex: Exchange, conf: Conf, norm: dict[str, Any]) -> dict[str, Any]:
-    if ex.exists("weights", f"{round_name(0)}.manifest.json"):  # a re-run of the same job keeps its start
-        return ex.get_json("weights", f"{round_name(0)}.manifest.json", writer=COORDINATOR)
+    initial = global_weights(0)
+    if ex.exists(initial.manifest):  # a re-run of the same job keeps its start
+        return ex.get_json(initial.manifest, writer=COORDINATOR)
     torch.manual_seed(conf.training.seed)
     model = build_model(conf.training.model, len(norm["mean"]), conf.task().n_outputs, Normalization.from_global(norm))
-    return ex.put_state("weights", round_name(0), model.state_dict(), round=0)
+    return ex.put_state(initial, model.state_dict(), round=0)
 
 
 @task(task_run_name="aggregate-round-{rnd}")
@@ -102,8 +104,7 @@ class FederatedRounds:
 
     def validation(self, rnd: int, wait: bool) -> tuple[dict[str, float], list[str]] | None:
         if wait:  # the last global model: its validations may still be on their way
-            collect(self.ex, "metrics", f"{validation_name(rnd)}.json", self.sites,
-                    self.training.federation.round_deadline_s, self.is_alive)
+            collect(self.ex, validation(rnd), self.sites, self.training.federation.round_deadline_s, self.is_alive)
         self._per_site = read_validation(self.ex, rnd, self.sites)
         published = [s for s, m in self._per_site.items() if "withheld" not in m]
         if not published:
@@ -114,4 +115,4 @@ class FederatedRounds:
         self.record_round(rnd, result, validation, self._per_site)
 
     def stop(self, after_round: int, reason: str) -> None:
-        self.ex.put_json("control", "stop.json", {"after_round": after_round, "reason": reason})
+        self.ex.put_json(STOP, {"after_round": after_round, "reason": reason})

@@ -10,7 +10,7 @@ from prefect import get_run_logger, task
 from insitu.config import TrainingConfig
 from insitu.federated.aggregators import build_aggregator
 from insitu.federated.kinds import COORDINATOR
-from insitu.federated.rounds import round_name
+from insitu.federated.paths import global_weights, round_name, update
 from insitu.parallel import CheckpointRef, DataRef, TrainSpec, train_site
 from tasks.context import SiteContext
 from tasks.retry import retry_if_transient
@@ -22,9 +22,10 @@ def train_round(ctx: SiteContext, rnd: int, norm: dict[str, Any]) -> dict[str, A
     """Train from the global weights of round ``rnd`` with the configured strategy; publish the update."""
     logger = get_run_logger()
     t = ctx.conf.training
-    state, manifest = ctx.exchange.get_state("weights", round_name(rnd), writer=COORDINATOR)
+    state, manifest = ctx.exchange.get_state(global_weights(rnd), writer=COORDINATOR)
     job_id = ctx.exchange.job_id
-    # A retry of this task (or a re-run of the job) resumes from the round's newest checkpoint.
+    # A retry of this task (or a re-run of the job) resumes from the round's newest checkpoint (in the site's
+    # own store, named like the round's objects on the exchange).
     ckpt = CheckpointRef(ctx.store, f"checkpoints/{job_id}/{round_name(rnd)}", t.checkpoint.every_steps) \
         if t.checkpoint.enabled else None
     spec = TrainSpec(training=t, task=ctx.conf.task(), n_features=len(norm["mean"]), state=state,
@@ -40,7 +41,7 @@ def train_round(ctx: SiteContext, rnd: int, norm: dict[str, Any]) -> dict[str, A
     # so that a bad update fails on its own site with the reason, before anything crosses; the coordinator
     # checks it again when it reads it.
     published = ctx.exchange.put_state(
-        "update", round_name(rnd), result.state, reference=state, round=rnd, n_samples=result.n_samples,
+        update(rnd), result.state, reference=state, round=rnd, n_samples=result.n_samples,
         base_sha256=manifest["sha256"], metrics=result.metrics, ran_as=ctx.ran_as,
     )
     logger.info("site=%s round=%d strategy=%s ranks=%d samples=%d train_loss=%.4f samples/s=%.0f comm=%.3fs "

@@ -12,6 +12,11 @@ The layout makes every byte attributable to its writer and kind::
 :meth:`Exchange.ledger` lists a job's prefix and sums the bytes per writer and kind, which is the byte
 accounting the job reports and budgets (:func:`insitu.federated.kinds.check_budgets`). A state file
 carries a manifest (``<name>.manifest.json``) with its SHA-256, size and sample count; readers verify it.
+
+Objects are named by the catalogue of :mod:`insitu.federated.paths` (``ex.get_json(GLOBAL_STATS,
+writer=COORDINATOR)``, ``ex.put_state(global_weights(1), state, ...)``), or by a raw kind and name
+(``ex.get_json("stats", "global.json", writer=...)``): the raw form stays so that tests can name, and be refused,
+what the catalogue cannot.
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from insitu.federated.kinds import (
     KINDS,
@@ -34,6 +39,7 @@ from insitu.federated.kinds import (
     check_budgets,
     shown,
 )
+from insitu.federated.paths import ABORT, Document, Kind, State
 from insitu.federated.schemas import ARTEFACTS, MAX_TEXT, Artefact, artefact, check_document, role
 from insitu.federated.states import check_state
 from insitu.storage import Store
@@ -44,6 +50,40 @@ if TYPE_CHECKING:  # torch is imported where weights are (de)serialised: prepare
 log = logging.getLogger(__name__)
 
 __all__ = ["KINDS", "Exchange", "ExchangeError", "enforce_protocol", "state_from_bytes", "state_to_bytes"]
+
+
+# A candidate of wait_for_any: a catalogue Document and its writer, or a raw (kind, name, writer).
+Candidate = TypeVar("Candidate", bound=tuple[Document, str | None] | tuple[str, str, str | None])
+
+# The default of the argument that a catalogue call passes one fewer of (put_json(doc, obj) against
+# put_json(kind, name, obj)): no caller can pass it, so its presence tells the two forms apart.
+_UNSET: Any = object()
+
+
+def _named(kind: str | Document | State, name: object) -> str:
+    """Why a call names its object twice, or not at all (the TypeError's message)."""
+    if isinstance(kind, Document | State):
+        # e.g. get_json(GLOBAL_STATS, "coordinator"): the writer went where the raw form has the name
+        return f"{kind.kind}/{kind.name} is named already: give no name, and the writer as writer="
+    return f"kind {shown(kind)} needs a name: pass an object of insitu.federated.paths, or a kind and a name"
+
+
+def _document(kind: str | Document, name: str | None = None) -> tuple[str, str]:
+    """``(kind, name)`` of a catalogue Document, or of the raw form; TypeError when the two are mixed."""
+    if isinstance(kind, State):
+        raise TypeError(f"{kind.kind}/{kind.name} is a model state: use get_state/put_state, or its .manifest")
+    if isinstance(kind, Document) != (name is None):
+        raise TypeError(_named(kind, name))
+    return (kind.kind, kind.name) if isinstance(kind, Document) else (kind, str(name))
+
+
+def _state(kind: str | State, name: str | None = None) -> State:
+    """The State of a catalogue call, or the one a raw ``(kind, name)`` call names; TypeError when mixed."""
+    if isinstance(kind, Document):
+        raise TypeError(f"{kind.kind}/{kind.name} is a JSON document: use get_json/put_json")
+    if isinstance(kind, State) != (name is None):
+        raise TypeError(_named(kind, name))
+    return kind if isinstance(kind, State) else State(kind, str(name))
 
 
 def state_to_bytes(state: dict[str, torch.Tensor]) -> bytes:
@@ -103,20 +143,49 @@ class Exchange:
         check_document(art, data, where, job_id=self.job_id, writer=self.writer, name=name)
         return data
 
-    def put_json(self, kind: str, name: str, obj: Any) -> str:
+    @overload
+    def put_json(self, doc: Document, obj: Any, /) -> str: ...
+    @overload
+    def put_json(self, kind: str, name: str, obj: Any) -> str: ...
+    def put_json(self, kind: str | Document, name: Any, obj: Any = _UNSET) -> str:
         """Write one of the protocol's JSON documents; ExchangeError naming the offending keys otherwise."""
+        if obj is _UNSET:  # put_json(doc, obj): the object came where the raw form has the name
+            name, obj = None, name
+        kind, name = _document(kind, name)
         return self._put_bytes(kind, name, self._encode(kind, name, obj))
 
     def put_abort(self, reason: str) -> str:
         """Tell the sites to stop (``control/abort.json``); the reason is cut to what the protocol allows."""
         text = reason if len(reason) <= MAX_TEXT else reason[: MAX_TEXT - 1] + "…"
-        return self.put_json("control", "abort.json", {"reason": text})
+        return self.put_json(ABORT, {"reason": text})
 
+    @overload
+    def put_state(
+        self,
+        target: State,
+        state: dict[str, torch.Tensor],
+        /,
+        *,
+        reference: Mapping[str, torch.Tensor] | None = None,
+        max_norm: float = MAX_UPDATE_NORM,
+        **meta: Any,
+    ) -> dict[str, Any]: ...
+    @overload
     def put_state(
         self,
         kind: str,
         name: str,
         state: dict[str, torch.Tensor],
+        *,
+        reference: Mapping[str, torch.Tensor] | None = None,
+        max_norm: float = MAX_UPDATE_NORM,
+        **meta: Any,
+    ) -> dict[str, Any]: ...
+    def put_state(
+        self,
+        kind: str | State,
+        name: str | dict[str, torch.Tensor],
+        state: dict[str, torch.Tensor] = _UNSET,
         *,
         reference: Mapping[str, torch.Tensor] | None = None,
         max_norm: float = MAX_UPDATE_NORM,
@@ -128,11 +197,16 @@ class Exchange:
         exactly that state's names, shapes and dtypes, is finite, and ``||state - reference||_2 <= max_norm``.
         Nothing is written unless both the state and its manifest pass.
         """
-        if kind not in ("weights", "update"):
+        if state is _UNSET:  # put_state(target, tensors): the tensors came where the raw form has the name
+            target, state = _state(kind), cast("dict[str, torch.Tensor]", name)
+        else:
+            target = _state(kind, cast(str, name))
+        kind, name = target.kind, target.name
+        if kind not in (Kind.WEIGHTS, Kind.UPDATE):
             raise ExchangeError(f"model state goes under 'weights' or 'update', not {shown(kind)}")
-        art = self._protocol(kind, f"{name}.pt")
-        where = self._where(kind, f"{name}.pt")
-        if kind == "update" and reference is None:
+        art = self._protocol(kind, target.file)
+        where = self._where(kind, target.file)
+        if kind == Kind.UPDATE and reference is None:
             raise ExchangeError(f"{where}: an update is checked against the global weights it was trained from; "
                                 "pass them as reference=")
         check_state(state, where, reference, max_norm if reference is not None else None)
@@ -148,14 +222,20 @@ class Exchange:
             "created": datetime.now(UTC).isoformat(),
             **meta,
         }
-        encoded = self._encode(kind, f"{name}.manifest.json", manifest)  # refused before anything is written
-        self._put_bytes(kind, f"{name}.pt", data)
+        encoded = self._encode(kind, target.manifest.name, manifest)  # refused before anything is written
+        self._put_bytes(kind, target.file, data)
         # The manifest goes last: its presence means the payload is complete.
-        self._put_bytes(kind, f"{name}.manifest.json", encoded)
+        self._put_bytes(kind, target.manifest.name, encoded)
         return manifest
 
     # ------------------------------------------------------------------ reads
-    def exists(self, kind: str, name: str, writer: str | None = None) -> bool:
+    @overload
+    def exists(self, doc: Document, /, *, writer: str | None = None) -> bool: ...
+    @overload
+    def exists(self, kind: str, name: str, writer: str | None = None) -> bool: ...
+    def exists(self, kind: str | Document, name: str | None = None, writer: str | None = None) -> bool:
+        """Whether an object is there; a state's is its ``.manifest`` (written last)."""
+        kind, name = _document(kind, name)
         path = self._path(self.key(kind, name, writer))
         # s3fs answers exists() from a cached listing of the parent when it has one (a ledger() or strays()
         # listing fills it): an artefact written since would stay invisible. Always ask the store.
@@ -174,18 +254,43 @@ class Exchange:
             raise ExchangeError(f"{self._where(kind, name, writer)}: more than {limit:,} bytes; refused")
         return data
 
-    def get_json(self, kind: str, name: str, writer: str | None = None) -> Any:
+    @overload
+    def get_json(self, doc: Document, /, *, writer: str | None = None) -> Any: ...
+    @overload
+    def get_json(self, kind: str, name: str, writer: str | None = None) -> Any: ...
+    def get_json(self, kind: str | Document, name: str | None = None, writer: str | None = None) -> Any:
         """Read one of the protocol's JSON documents, checked against its schema as if we had written it."""
+        kind, name = _document(kind, name)
         art = self._protocol(kind, name, writer)
         data = self._get_bytes(kind, name, writer, art.max_bytes)
         check_document(art, data, self._where(kind, name, writer), job_id=self.job_id, writer=writer or self.writer,
                        name=name)
         return json.loads(data)
 
+    @overload
+    def get_state(
+        self,
+        source: State,
+        /,
+        *,
+        writer: str | None = None,
+        reference: Mapping[str, torch.Tensor] | None = None,
+        max_norm: float = MAX_UPDATE_NORM,
+    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]: ...
+    @overload
     def get_state(
         self,
         kind: str,
         name: str,
+        writer: str | None = None,
+        *,
+        reference: Mapping[str, torch.Tensor] | None = None,
+        max_norm: float = MAX_UPDATE_NORM,
+    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]: ...
+    def get_state(
+        self,
+        kind: str | State,
+        name: str | None = None,
         writer: str | None = None,
         *,
         reference: Mapping[str, torch.Tensor] | None = None,
@@ -196,10 +301,12 @@ class Exchange:
         With ``reference`` (how the coordinator reads an update) the state must match the global model's
         layout and lie within ``max_norm`` of it.
         """
-        manifest = self.get_json(kind, f"{name}.manifest.json", writer)
-        self._protocol(kind, f"{name}.pt", writer)
-        where = self._where(kind, f"{name}.pt", writer)
-        data = self._get_bytes(kind, f"{name}.pt", writer, int(manifest["bytes"]))
+        source = _state(kind, name)
+        kind = source.kind
+        manifest = self.get_json(source.manifest, writer=writer)
+        self._protocol(kind, source.file, writer)
+        where = self._where(kind, source.file, writer)
+        data = self._get_bytes(kind, source.file, writer, int(manifest["bytes"]))
         digest = hashlib.sha256(data).hexdigest()
         if digest != manifest["sha256"]:
             raise ExchangeError(f"{where}: SHA-256 {digest[:12]}… does not match its manifest "
@@ -211,18 +318,31 @@ class Exchange:
         check_state(state, where, reference, max_norm if reference is not None else None)
         return state, manifest
 
+    @overload
+    def wait_for(
+        self, doc: Document, /, *, writer: str | None = None, timeout: float = 600.0, poll: float = 0.5
+    ) -> bool: ...
+    @overload
     def wait_for(
         self, kind: str, name: str, writer: str | None = None, timeout: float = 600.0, poll: float = 0.5
+    ) -> bool: ...
+    def wait_for(
+        self, kind: str | Document, name: str | None = None, writer: str | None = None, timeout: float = 600.0,
+        poll: float = 0.5,
     ) -> bool:
-        """Wait until an artefact exists; False on timeout."""
-        return self.wait_for_any([(kind, name, writer)], timeout, poll) is not None
+        """Wait until an artefact exists (a state: its ``.manifest``); False on timeout."""
+        return self.wait_for_any([(*_document(kind, name), writer)], timeout, poll) is not None
 
     def wait_for_any(
-        self, candidates: list[tuple[str, str, str | None]], timeout: float = 600.0, poll: float = 0.5
-    ) -> tuple[str, str, str | None] | None:
-        """Wait until one of ``(kind, name, writer)`` exists; returns it, or None on timeout."""
+        self, candidates: Sequence[Candidate], timeout: float = 600.0, poll: float = 0.5
+    ) -> Candidate | None:
+        """Wait until one of the candidates exists; returns it, or None on timeout.
+
+        A candidate is ``(document, writer)`` with a Document of :mod:`insitu.federated.paths` (a state's
+        ``.manifest``), or a raw ``(kind, name, writer)``.
+        """
         deadline = time.monotonic() + timeout
-        paths = [(c, self._path(self.key(*c))) for c in candidates]
+        paths = [(c, self._path(self.key(*_document(*c[:-1]), c[-1]))) for c in candidates]
         while True:
             self.fs.invalidate_cache()
             for c, path in paths:
@@ -232,8 +352,13 @@ class Exchange:
                 return None
             time.sleep(poll)
 
-    def delete(self, kind: str, name: str) -> None:
+    @overload
+    def delete(self, doc: Document, /) -> None: ...
+    @overload
+    def delete(self, kind: str, name: str) -> None: ...
+    def delete(self, kind: str | Document, name: str | None = None) -> None:
         """Remove one of this writer's artefacts (e.g. a stale control marker); no error if absent."""
+        kind, name = _document(kind, name)
         # One DeleteObject on the key (not a bulk delete): an IAM policy scoped to this writer's prefix is
         # checked per key, and s3fs would ignore a bulk delete's per-key AccessDenied.
         try:

@@ -17,17 +17,10 @@ from typing import Any
 from insitu.federated.aggregators import Aggregator, FedAvg, Update
 from insitu.federated.exchange import Exchange, enforce_protocol
 from insitu.federated.kinds import COORDINATOR, MAX_UPDATE_NORM, ExchangeError, site_budgets
+from insitu.federated.paths import Document, aggregator_state, global_weights, update
+from insitu.federated.paths import round_name as round_name  # re-exported: where it was defined before paths
 
 log = logging.getLogger(__name__)
-
-
-def round_name(r: int) -> str:
-    return f"round-{r:04d}"
-
-
-def aggregator_state_name(r: int) -> str:
-    """The aggregator's state kept after it produced round ``r``'s global model."""
-    return f"aggregator-{round_name(r)}"
 
 
 class QuorumError(RuntimeError):
@@ -61,15 +54,15 @@ def _alive(is_alive: Callable[[str], bool], site: str) -> bool:
 
 def collect(
     ex: Exchange,
-    kind: str,
-    name: str,
+    doc: Document,
     sites: list[str],
     deadline_s: float,
     is_alive: Callable[[str], bool] | None = None,
     poll: float = 0.25,
     alive_every_s: float = 3.0,
 ) -> tuple[list[str], list[str]]:
-    """Wait until every site published ``kind/name``, the deadline passes, or the rest are gone.
+    """Wait until every site published ``doc`` (a state: its ``.manifest``), the deadline passes, or the rest
+    are gone.
 
     Returns ``(arrived, missing)``. A site whose flow run has ended (``is_alive`` False) is not waited for.
     """
@@ -77,7 +70,7 @@ def collect(
     next_liveness = time.monotonic()
     arrived: list[str] = []
     while True:
-        arrived = arrived + [s for s in sites if s not in arrived and ex.exists(kind, name, writer=s)]
+        arrived = arrived + [s for s in sites if s not in arrived and ex.exists(doc, writer=s)]
         pending = [s for s in sites if s not in arrived]
         if not pending or time.monotonic() >= deadline:
             break
@@ -85,7 +78,7 @@ def collect(
         if is_alive is not None and time.monotonic() >= next_liveness:
             if not any(_alive(is_alive, s) for s in pending):
                 # A site may have published and then ended between our look and its end: look once more.
-                arrived += [s for s in pending if ex.exists(kind, name, writer=s)]
+                arrived += [s for s in pending if ex.exists(doc, writer=s)]
                 break
             next_liveness = time.monotonic() + alive_every_s
         time.sleep(poll)
@@ -103,7 +96,7 @@ def collect_updates(
     alive_every_s: float = 3.0,
 ) -> tuple[list[str], list[str]]:
     """:func:`collect` for the sites' updates of round ``rnd``."""
-    return collect(ex, "update", f"{round_name(rnd)}.manifest.json", sites, deadline_s, is_alive, poll, alive_every_s)
+    return collect(ex, update(rnd).manifest, sites, deadline_s, is_alive, poll, alive_every_s)
 
 
 def run_round(
@@ -130,13 +123,13 @@ def run_round(
     ProtocolViolation
         When a site exceeded its byte budget or wrote outside the protocol: the job stops.
     """
-    done = f"{round_name(rnd + 1)}.manifest.json"
-    if ex.exists("weights", done, writer=COORDINATOR):
+    done = global_weights(rnd + 1).manifest
+    if ex.exists(done, writer=COORDINATOR):
         # A re-run of the same job: this round was aggregated before; artefacts are idempotent.
-        man = ex.get_json("weights", done, writer=COORDINATOR)
+        man = ex.get_json(done, writer=COORDINATOR)
         metrics = {}
         for s in man["sites"]:  # the sites' own round metrics, from their update manifests (no weights read)
-            up = ex.get_json("update", f"{round_name(rnd)}.manifest.json", writer=s)
+            up = ex.get_json(update(rnd).manifest, writer=s)
             metrics[s] = _round_metrics(up)
         return RoundResult(rnd, list(man["sites"]), [s for s in sites if s not in man["sites"]],
                            int(man["n_samples"]), metrics, resumed=True, sha256=man["sha256"])
@@ -148,13 +141,13 @@ def run_round(
             f"round {rnd}: quorum not met: {len(arrived)} update(s) from {arrived} < min_sites={min_sites}; "
             f"missing: {missing}"
         )
-    global_state, base = ex.get_state("weights", round_name(rnd), writer=COORDINATOR)
+    global_state, base = ex.get_state(global_weights(rnd), writer=COORDINATOR)
     # Before any update is read: a site over its budget (or writing outside the protocol) stops the job.
     enforce_protocol(ex, site_budgets(rnd + 1, int(base["bytes"])), f"round {rnd}")
     updates, metrics, rejected = [], {}, {}
     for s in arrived:
         try:
-            state, man = ex.get_state("update", round_name(rnd), writer=s, reference=global_state,
+            state, man = ex.get_state(update(rnd), writer=s, reference=global_state,
                                       max_norm=max_update_norm)
             if man["round"] != rnd or man["base_sha256"] != base["sha256"]:
                 raise ExchangeError(f"{s}'s update was not trained from round {rnd}'s global weights")
@@ -171,13 +164,13 @@ def run_round(
                           f"min_sites={min_sites}; missing or invalid: {missing}; rejected: {rejected}")
     total = sum(u.n_samples for u in updates)
     aggregator = aggregator or FedAvg()
-    kept_name = aggregator_state_name(rnd)
-    before = ex.get_state("weights", kept_name, writer=COORDINATOR)[0] \
-        if rnd > 0 and ex.exists("weights", f"{kept_name}.manifest.json", writer=COORDINATOR) else None
+    kept_before = aggregator_state(rnd)
+    before = ex.get_state(kept_before, writer=COORDINATOR)[0] \
+        if rnd > 0 and ex.exists(kept_before.manifest, writer=COORDINATOR) else None
     new_global, kept = aggregator.aggregate(rnd, global_state, updates, before)
     if kept is not None:
-        ex.put_state("weights", aggregator_state_name(rnd + 1), kept)
-    man = ex.put_state("weights", round_name(rnd + 1), new_global, reference=global_state,
+        ex.put_state(aggregator_state(rnd + 1), kept)
+    man = ex.put_state(global_weights(rnd + 1), new_global, reference=global_state,
                        max_norm=max_update_norm, round=rnd + 1, sites=arrived, n_samples=total)
     return RoundResult(rnd, arrived, missing, total, metrics, sha256=man["sha256"], rejected=rejected)
 
