@@ -19,6 +19,7 @@ from insitu.config import JOB_ID_PATTERN, load_conf, load_training, trusted_trai
 from insitu.federated.aggregators import build_aggregator
 from insitu.federated.coordinator import run_rounds
 from insitu.federated.exchange import Exchange
+from insitu.federated.job import resume_refusal, shard_plan, sites_prepared_before
 from insitu.federated.kinds import COORDINATOR, MAX_UPDATE_NORM
 from insitu.federated.paths import ABORT, CHAMPION, GLOBAL_STATS, PLAN, PREPARE_STATS, SUMMARY, global_weights
 from insitu.federated.validation import RoundValidation, Selection
@@ -83,15 +84,12 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
     ex = Exchange(store_from_env(conf.sites.exchange, "exchange"), job_id, writer=COORDINATOR)
 
     # ---- plan: each shard goes only to the pool of the site it is pinned to
-    plan = {s: [sh.id for sh in conf.dataset.shards_of(s)] for s in conf.sites.names}
-    plan = {s: ids for s, ids in plan.items() if ids}
-    if ex.exists(PLAN):  # a re-run of this job: it resumes only under the same configuration
-        before = ex.get_json(PLAN)
-        if before["config_hash"] != conf.config_hash():
-            raise ValueError(
-                f"job {job_id} was started with configuration hash {before['config_hash']}; this run's is "
-                f"{conf.config_hash()} (training {params.training!r}, overrides {overrides}). Re-run it with the "
-                "same training config and overrides to resume it, or leave job_id empty to start a new job.")
+    plan = shard_plan(conf)
+    before = ex.get_json(PLAN) if ex.exists(PLAN) else None  # a re-run of this job resumes it …
+    refusal = resume_refusal(before, conf.config_hash(), job_id, params.training, overrides)
+    if refusal:  # … only under the same configuration
+        raise ValueError(refusal)
+    if before is not None:
         logger.info("job %s exists: resuming it (finished rounds are reused)", job_id)
     ex.put_json(PLAN, {"job_id": job_id, "dataset": conf.dataset_name, "shards": plan,
                        "config_hash": conf.config_hash(), "training": t.model_dump(mode="json")})
@@ -113,10 +111,10 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
               "overrides": overrides or None, "request": signed.model_dump(mode="json")}
 
     # ---- prepare, in parallel on every site's pool
-    if ex.exists(GLOBAL_STATS):
-        # A re-run of a job that got past prepare: its rounds were trained on the data prepared then, so it
-        # is not prepared again (new raw data would otherwise mix into a half-trained job).
-        sites = [s for s in plan if ex.exists(PREPARE_STATS, writer=s)]
+    reused = sites_prepared_before(ex.exists(GLOBAL_STATS),
+                                   {s: ex.exists(PREPARE_STATS, writer=s) for s in plan})
+    if reused is not None:
+        sites = reused
         logger.info("job %s was prepared before on %s; reusing that preparation", job_id, sites)
     else:
         ids = start_site_runs("site-prepare", {s: {**common, "shards": shards} for s, shards in plan.items()}, pools)
