@@ -563,10 +563,10 @@ class TrainingConfig(_Strict):
     @field_validator("strategy")
     @classmethod
     def _strategy(cls, v: str) -> str:
-        from insitu.parallel.strategies import STRATEGIES  # the one list of strategies
+        from insitu.parallel.strategies import strategies  # the one list of strategies
 
-        if v not in STRATEGIES:
-            raise ValueError(f"unknown strategy {v!r}; known: {sorted(STRATEGIES)}")
+        if v not in strategies():
+            raise ValueError(f"unknown strategy {v!r}; known: {sorted(strategies())}")
         return v
 
     @field_validator("ranks_per_site")

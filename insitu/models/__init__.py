@@ -27,11 +27,14 @@ from torch import nn
 
 from insitu.config import ModelConfig
 from insitu.models.tabular_mlp import tabular_mlp
+from insitu.plugins import functions_named_as_their_module
 
 ModelFactory = Callable[..., nn.Module]
 
-# The one list of built-in models; `fraud_mlp` is the name configs used before the MLP became generic.
-MODELS: dict[str, ModelFactory] = {"tabular_mlp": tabular_mlp, "fraud_mlp": tabular_mlp}
+# The one list of built-in models: each module of this package whose function has the module's name
+# (tabular_mlp.py: tabular_mlp); adding one is its file and its test. `fraud_mlp` is the name configs used
+# before the MLP became generic.
+MODELS: dict[str, ModelFactory] = {**functions_named_as_their_module(__name__, __path__), "fraud_mlp": tabular_mlp}
 
 
 class ModelContractError(ValueError):

@@ -2,18 +2,26 @@
 
 A strategy is a module of ``insitu/parallel/`` with ``parallelize(model, mesh, spec) -> Parallelized`` and
 ``DISTRIBUTED`` (True: it runs ``ranks_per_site`` ranks on the site's Dask workers or under torchrun;
-False: in the calling process). Adding one is its file, its line here, and its test.
+False: in the calling process); its name is the module's. Adding one is its file and its test: the list is
+found by looking for such modules.
 """
 
 from __future__ import annotations
 
-import importlib
+import functools
 from types import ModuleType
 
-STRATEGIES: dict[str, str] = {"single": "insitu.parallel.single", "ddp": "insitu.parallel.ddp"}
+
+@functools.cache
+def strategies() -> dict[str, ModuleType]:
+    import insitu.parallel
+    from insitu.plugins import modules_with
+
+    return modules_with("insitu.parallel", insitu.parallel.__path__, "parallelize", "DISTRIBUTED")
 
 
 def strategy_module(name: str) -> ModuleType:
-    if name not in STRATEGIES:
-        raise ValueError(f"strategy {name!r} is not available; have {sorted(STRATEGIES)}")
-    return importlib.import_module(STRATEGIES[name])
+    found = strategies()
+    if name not in found:
+        raise ValueError(f"strategy {name!r} is not available; have {sorted(found)}")
+    return found[name]

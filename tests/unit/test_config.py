@@ -219,7 +219,7 @@ BAD_CONFIGS = [
         TRAINING,
         _set(TRAINING, ("aggregator",), "fedsgd"),
         "aggregator",
-        "unknown aggregator 'fedsgd'; known: ['fedavg', 'fedprox'",
+        "unknown aggregator 'fedsgd'; known: ['fedadagrad', 'fedadam', 'fedavg'",
         id="unknown-aggregator",
     ),
     pytest.param(

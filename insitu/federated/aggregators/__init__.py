@@ -21,11 +21,11 @@ from insitu.federated.aggregators.fedprox import FedProx, proximal_term
 from insitu.federated.aggregators.fedyogi import FedYogi
 from insitu.federated.aggregators.median import Median
 from insitu.federated.aggregators.trimmed_mean import TrimmedMean
+from insitu.plugins import named_subclasses
 
-_CLASSES: tuple[type[Aggregator], ...] = (FedAvg, FedProx, FedAdam, FedYogi, FedAdagrad, Median, TrimmedMean)
-AGGREGATORS: dict[str, type[Aggregator]] = {cls.name: cls for cls in _CLASSES}
-if len(AGGREGATORS) != len(_CLASSES):  # two classes with one name: the later would silently shadow the other
-    raise RuntimeError(f"duplicate aggregator names in {[cls.name for cls in _CLASSES]}")
+# Every Aggregator subclass with its own `name` in a module of this package: a new aggregator is its file (and
+# the test beside it), nothing else to edit.
+AGGREGATORS: dict[str, type[Aggregator]] = named_subclasses(__name__, __path__, Aggregator)
 
 __all__ = ["AGGREGATORS", "Aggregator", "FedAdagrad", "FedAdam", "FedAvg", "FedOpt", "FedProx", "FedYogi", "Median",
            "TrimmedMean", "Update", "build_aggregator", "fedavg", "proximal_term"]
@@ -44,7 +44,7 @@ def build_aggregator(
     """
     cls = AGGREGATORS.get(name)
     if cls is None:
-        raise ValueError(f"unknown aggregator {name!r}; known: {list(AGGREGATORS)}")
+        raise ValueError(f"unknown aggregator {name!r}; known: {sorted(AGGREGATORS)}")
     known = list(cls.Options.model_fields)
     if options is not None and not isinstance(options, Mapping):
         raise ValueError(f"aggregator {name!r}: options must be a mapping of option names to values, "
