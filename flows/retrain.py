@@ -7,6 +7,7 @@ The coordinator sees aggregate statistics, model weights and metrics; never a ro
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,9 +16,9 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from pydantic import BaseModel, Field
 
-from insitu.config import JOB_ID_PATTERN, load_conf, load_training, trusted_training
+from insitu.config import JOB_ID_PATTERN, Conf, TrainingConfig, load_conf, load_training, trusted_training
 from insitu.federated.aggregators import build_aggregator
-from insitu.federated.coordinator import run_rounds
+from insitu.federated.coordinator import RoundsOutcome, run_rounds
 from insitu.federated.exchange import Exchange
 from insitu.federated.job import resume_refusal, shard_plan, sites_prepared_before
 from insitu.federated.kinds import COORDINATOR, MAX_UPDATE_NORM
@@ -69,161 +70,241 @@ class RetrainParams(BaseModel):
                           "approval of this training and dataset (`insitu approve --as NAME`)")
 
 
+@dataclass
+class Job:
+    """What every phase of one ``retrain`` run shares: the job, its configuration, its request, the exchange."""
+
+    params: RetrainParams
+    job_id: str
+    started: datetime
+    overrides: dict[str, Any]
+    conf: Conf
+    ident: Any
+    fr_id: str | None
+    audit: Auditor
+    signed: SignedRequest
+    ex: Exchange
+
+    @property
+    def training(self) -> TrainingConfig:
+        return self.conf.training
+
+    @property
+    def pools(self) -> dict[str, str]:
+        return {s: self.conf.sites.site(s).work_pool for s in self.conf.sites.names}
+
+    @property
+    def common(self) -> dict[str, Any]:
+        """The parameters of every site flow run of this job."""
+        return {"job_id": self.job_id, "dataset": self.conf.dataset_name, "training": self.params.training,
+                "overrides": self.overrides or None, "request": self.signed.model_dump(mode="json")}
+
+
+@dataclass
+class Evaluated:
+    """The sites' test metrics of the selected model (and of the champion, if there is one)."""
+
+    sites: list[str]
+    raw: dict[str, dict[str, Any]]
+    site_metrics: dict[str, dict[str, float]]
+    global_metrics: dict[str, float]
+    champion: dict[str, Any] | None
+    champion_sites: dict[str, dict[str, float]] | None
+    champion_global: dict[str, float] | None
+
+
 @flow(name="retrain", log_prints=False)
 def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa: B008 (Prefect builds the form)
-    logger = get_run_logger()
+    job = open_job(params)
+    plan = plan_job(job)
+    sites = prepare(job, plan)
+    stats = publish_global_stats(job.ex, job.conf, sites)
+    publish_initial_weights(job.ex, job.conf, stats["norm"])
+    mlruns = start_runs(job.conf, job.job_id, sites, job.fr_id)
+    # System metrics (CPU, memory) of the coordinator are recorded on the parent run while it is active.
+    with mlflow.start_run(run_id=mlruns["parent"], log_system_metrics=True):
+        outcome = train(job, sites, mlruns)
+        evaluated = evaluate(job, sites, outcome, stats["norm"]["features"])
+        reg = register(job, mlruns, outcome, evaluated, stats["norm"], sites)
+    decision = gate_and_promote(job.conf, job.job_id, reg["version"], evaluated.global_metrics,
+                                evaluated.site_metrics, evaluated.champion, evaluated.champion_global,
+                                evaluated.champion_sites)
+    return finish(job, mlruns, reg, decision, sites, stats, outcome, evaluated)
+
+
+def open_job(params: RetrainParams) -> Job:
+    """The job's id, configuration (overrides applied), the coordinator's identity and the signed request."""
     started = datetime.now(UTC)
     job_id = params.job_id or f"{started:%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
     overrides = {k: v for k, v in {"rounds": params.rounds, "local_epochs": params.local_epochs,
                                     "batch_size": params.batch_size}.items() if v is not None}
     conf = load_conf(trusted_training(params.training), params.dataset, overrides=overrides or None)
-    t = conf.training
     ident, fr_id = actor_identity("coordinator", job_id)
     audit = ident.audit()
     signed = job_request(params, job_id, overrides, audit, fr_id)
     ex = Exchange(store_from_env(conf.sites.exchange, "exchange"), job_id, writer=COORDINATOR)
+    return Job(params, job_id, started, overrides, conf, ident, fr_id, audit, signed, ex)
 
-    # ---- plan: each shard goes only to the pool of the site it is pinned to
+
+def plan_job(job: Job) -> dict[str, list[str]]:
+    """Map each shard to the site it is pinned to; publish the plan (a re-run resumes only under the same
+    configuration); audit it; show it as an artifact."""
+    conf, ex = job.conf, job.ex
     plan = shard_plan(conf)
     before = ex.get_json(PLAN) if ex.exists(PLAN) else None  # a re-run of this job resumes it …
-    refusal = resume_refusal(before, conf.config_hash(), job_id, params.training, overrides)
+    refusal = resume_refusal(before, conf.config_hash(), job.job_id, job.params.training, job.overrides)
     if refusal:  # … only under the same configuration
         raise ValueError(refusal)
     if before is not None:
-        logger.info("job %s exists: resuming it (finished rounds are reused)", job_id)
-    ex.put_json(PLAN, {"job_id": job_id, "dataset": conf.dataset_name, "shards": plan,
-                       "config_hash": conf.config_hash(), "training": t.model_dump(mode="json")})
-    req = signed.request
-    audit.append("job.planned", job_id=job_id, flow_run_id=fr_id, shards=plan, config_hash=conf.config_hash(),
-                 claimed_principal=req.principal, purpose=req.purpose, request=signed.digest(), standing=req.standing)
+        get_run_logger().info("job %s exists: resuming it (finished rounds are reused)", job.job_id)
+    ex.put_json(PLAN, {"job_id": job.job_id, "dataset": conf.dataset_name, "shards": plan,
+                       "config_hash": conf.config_hash(), "training": job.training.model_dump(mode="json")})
+    req = job.signed.request
+    job.audit.append("job.planned", job_id=job.job_id, flow_run_id=job.fr_id, shards=plan,
+                     config_hash=conf.config_hash(), claimed_principal=req.principal, purpose=req.purpose,
+                     request=job.signed.digest(), standing=req.standing)
     create_markdown_artifact(
         key="retrain-plan",
-        markdown="## Plan for job `" + job_id + "`\n\n"
+        markdown="## Plan for job `" + job.job_id + "`\n\n"
         f"Requested by `{req.principal}` (each site verifies the signature) for *{req.purpose}* "
-        f"({'standing approval' if req.standing else 'signed job request'}, request `{signed.digest()[:12]}`); "
+        f"({'standing approval' if req.standing else 'signed job request'}, request `{job.signed.digest()[:12]}`); "
         "each site decides it with its own policy.\n\n"
         "| site | pool | shards |\n|---|---|---|\n" + "\n".join(
             f"| {s} | {conf.sites.site(s).work_pool} | {', '.join(ids)} |" for s, ids in plan.items()),
-        description=f"insitu plan {job_id}",
+        description=f"insitu plan {job.job_id}",
     )
-    pools = {s: conf.sites.site(s).work_pool for s in conf.sites.names}
-    common = {"job_id": job_id, "dataset": conf.dataset_name, "training": params.training,
-              "overrides": overrides or None, "request": signed.model_dump(mode="json")}
+    return plan
 
-    # ---- prepare, in parallel on every site's pool
-    reused = sites_prepared_before(ex.exists(GLOBAL_STATS),
-                                   {s: ex.exists(PREPARE_STATS, writer=s) for s in plan})
+
+def prepare(job: Job, plan: dict[str, list[str]]) -> list[str]:
+    """``site-prepare`` on every site's pool in parallel (or the job's earlier preparation); the sites that
+    prepared, at least the quorum."""
+    reused = sites_prepared_before(job.ex.exists(GLOBAL_STATS),
+                                   {s: job.ex.exists(PREPARE_STATS, writer=s) for s in plan})
     if reused is not None:
-        sites = reused
-        logger.info("job %s was prepared before on %s; reusing that preparation", job_id, sites)
-    else:
-        ids = start_site_runs("site-prepare", {s: {**common, "shards": shards} for s, shards in plan.items()}, pools)
-        runs = wait_for_runs(ids, params.phase_timeout_s)
-        bad = failed(runs)
-        sites = [s for s in plan if s not in bad]
-        _check_quorum("prepare", sites, bad, t.federation.min_sites, audit, job_id)
-    stats = publish_global_stats(ex, conf, sites)
-    publish_initial_weights(ex, conf, stats["norm"])
-    mlruns = start_runs(conf, job_id, sites, fr_id)
+        get_run_logger().info("job %s was prepared before on %s; reusing that preparation", job.job_id, reused)
+        return reused
+    ids = start_site_runs("site-prepare", {s: {**job.common, "shards": shards} for s, shards in plan.items()},
+                          job.pools)
+    bad = failed(wait_for_runs(ids, job.params.phase_timeout_s))
+    sites = [s for s in plan if s not in bad]
+    _check_quorum("prepare", sites, bad, job.training.federation.min_sites, job.audit, job.job_id)
+    return sites
+
+
+def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> RoundsOutcome:
+    """One long-lived ``site-train`` run per site; the rounds (insitu.federated.coordinator.run_rounds) exchange
+    through the exchange; each round logged to MLflow and the progress artifact; the selected round audited."""
+    logger, t, ex = get_run_logger(), job.training, job.ex
     progress = create_progress_artifact(progress=0.0, key="retrain-progress",
-                                        description=f"federated rounds of job {job_id}")
+                                        description=f"federated rounds of job {job.job_id}")
+    ex.delete(ABORT)  # a re-run of an aborted job starts clean
+    # Sites wait for each round's weights a little longer than the coordinator waits for them.
+    wait_s = 2 * t.federation.round_deadline_s + 300
+    ids = start_site_runs("site-train", {s: {**job.common, "wait_timeout_s": wait_s} for s in sites}, job.pools)
 
-    # System metrics (CPU, memory) of the coordinator are recorded on the parent run while it is active.
-    with mlflow.start_run(run_id=mlruns["parent"], log_system_metrics=True):
-        # ---- train: one long-lived site-train run per site; rounds exchange through the exchange
-        ex.delete(ABORT)  # a re-run of an aborted job starts clean
-        # Sites wait for each round's weights a little longer than the coordinator waits for them.
-        wait_s = 2 * t.federation.round_deadline_s + 300
-        ids = start_site_runs("site-train", {s: {**common, "wait_timeout_s": wait_s} for s in sites}, pools)
+    def alive(site: str) -> bool:
+        st = run_states({site: ids[site]})[site].state
+        return not (st and st.is_final())
 
-        def alive(site: str) -> bool:
-            st = run_states({site: ids[site]})[site].state
-            return not (st and st.is_final())
+    logged = logged_rounds(mlruns)
+    task = job.conf.task()
+    selection = Selection(task.gate_metric(t.validation.metric or t.gate.primary_metric), t.validation)
 
-        logged = logged_rounds(mlruns)
-        task = conf.task()
-        aggregator = build_aggregator(t.aggregator.name, t.aggregator.options, max_update_norm=MAX_UPDATE_NORM)
+    def record(rnd: int, result: dict[str, Any] | None, val: RoundValidation | None,
+               val_sites: dict[str, dict[str, Any]]) -> None:
+        if result is not None:
+            log_round(mlruns, rnd, result, logged)  # once per round and run, whichever attempt gets there
+            update_progress_artifact(progress, progress=100.0 * (rnd + 1) / t.rounds)
+        if val is not None:
+            log_validation(mlruns, rnd, val, val_sites, logged)
+            logger.info("global model %d: validation %s %.4f (from %s)", rnd, selection.metric.name, val.value,
+                        val.sites)
 
-        def record(rnd: int, result: dict[str, Any] | None, val: RoundValidation | None,
-                   val_sites: dict[str, dict[str, Any]]) -> None:
-            if result is not None:
-                log_round(mlruns, rnd, result, logged)  # once per round and run, whichever attempt gets there
-                update_progress_artifact(progress, progress=100.0 * (rnd + 1) / t.rounds)
-            if val is not None:
-                log_validation(mlruns, rnd, val, val_sites, logged)
-                logger.info("global model %d: validation %s %.4f (from %s)", rnd, selection.metric.name, val.value,
-                            val.sites)
+    aggregator = build_aggregator(t.aggregator.name, t.aggregator.options, max_update_norm=MAX_UPDATE_NORM)
+    try:
+        outcome = run_rounds(FederatedRounds(ex, sites, t, task, aggregator, alive, record), t.rounds, selection)
+    except Exception as e:
+        # Tell the sites to stop waiting for weights that will not come, and free their workers.
+        ex.put_abort(f"{type(e).__name__}: {e}")
+        job.audit.append("job.failed", job_id=job.job_id, phase="train", reason=str(e))
+        raise
+    for s, why in failed(wait_for_runs(ids, job.params.phase_timeout_s)).items():
+        logger.warning("site-train on %s did not complete: %s", s, why)
+    logger.info("registering global model %d of %d: %s", outcome.selected, outcome.last, outcome.reason)
+    job.audit.append("job.selected", job_id=job.job_id, flow_run_id=job.fr_id, round=outcome.selected,
+                     last=outcome.last, reason=outcome.reason, stopped_early=outcome.stopped_early)
+    return outcome
 
-        selection = Selection(task.gate_metric(t.validation.metric or t.gate.primary_metric), t.validation)
-        driver = FederatedRounds(ex, sites, t, task, aggregator, alive, record)
-        try:
-            outcome = run_rounds(driver, t.rounds, selection)
-        except Exception as e:
-            # Tell the sites to stop waiting for weights that will not come, and free their workers.
-            ex.put_abort(f"{type(e).__name__}: {e}")
-            audit.append("job.failed", job_id=job_id, phase="train", reason=str(e))
-            raise
-        rounds = outcome.results
-        runs = wait_for_runs(ids, params.phase_timeout_s)
-        for s, why in failed(runs).items():
-            logger.warning("site-train on %s did not complete: %s", s, why)
-        selected = global_weights(outcome.selected)  # the model that is evaluated, gated and registered
-        final = selected.name  # as the sites' evaluations name it
-        logger.info("registering global model %d of %d: %s", outcome.selected, outcome.last, outcome.reason)
-        audit.append("job.selected", job_id=job_id, flow_run_id=fr_id, round=outcome.selected, last=outcome.last,
-                     reason=outcome.reason, stopped_early=outcome.stopped_early)
 
-        # ---- evaluate the candidate and the current champion on every site's own test split
-        champion = load_champion(conf, stats["norm"]["features"])
-        names = [final]
-        if champion:
-            ex.put_state(CHAMPION, champion["state"], version=champion["version"])
-            names.append(CHAMPION.name)
-        ids = start_site_runs("site-evaluate", {s: {**common, "weights": names} for s in sites}, pools)
-        runs = wait_for_runs(ids, params.phase_timeout_s)
-        bad = failed(runs)
-        eval_sites = [s for s in sites if s not in bad]
-        _check_quorum("evaluate", eval_sites, bad, t.federation.min_sites, audit, job_id)
-        evaluated = read_evaluations(ex, eval_sites, t.rounds)
-        site_metrics = {s: _numbers(m[final]) for s, m in evaluated.items()}
-        global_metrics = task.global_metrics({s: m[final] for s, m in evaluated.items()})
-        champ_sites = {s: _numbers(m[CHAMPION.name]) for s, m in evaluated.items()} if champion else None
-        champ_global = task.global_metrics({s: m[CHAMPION.name] for s, m in evaluated.items()}) if champion else None
+def evaluate(job: Job, sites: list[str], outcome: RoundsOutcome, features: list[str]) -> Evaluated:
+    """Every site scores the selected model and the current champion on its own test split; the task combines
+    the sites' metrics."""
+    t, ex, task = job.training, job.ex, job.conf.task()
+    champion = load_champion(job.conf, features)
+    final = global_weights(outcome.selected).name  # as the sites' evaluations name it
+    names = [final]
+    if champion:
+        ex.put_state(CHAMPION, champion["state"], version=champion["version"])
+        names.append(CHAMPION.name)
+    ids = start_site_runs("site-evaluate", {s: {**job.common, "weights": names} for s in sites}, job.pools)
+    bad = failed(wait_for_runs(ids, job.params.phase_timeout_s))
+    eval_sites = [s for s in sites if s not in bad]
+    _check_quorum("evaluate", eval_sites, bad, t.federation.min_sites, job.audit, job.job_id)
+    raw = read_evaluations(ex, eval_sites, t.rounds)
+    champ = {s: m[CHAMPION.name] for s, m in raw.items()} if champion else None
+    return Evaluated(
+        sites=eval_sites, raw={s: m[final] for s, m in raw.items()},
+        site_metrics={s: _numbers(m[final]) for s, m in raw.items()},
+        global_metrics=task.global_metrics({s: m[final] for s, m in raw.items()}),
+        champion=champion, champion_sites={s: _numbers(m) for s, m in champ.items()} if champ else None,
+        champion_global=task.global_metrics(champ) if champ else None)
 
-        # ---- register, gate, promote
-        state, man = ex.get_state(selected, writer=COORDINATOR)
-        made = rounds[outcome.selected - 1]["sha256"] if outcome.selected > 0 else None
-        if made and man["sha256"] != made:
-            raise RuntimeError(f"the weights of {final} on the exchange ({man['sha256'][:12]}…) are not the ones this "
-                               f"coordinator aggregated ({made[:12]}…); refusing to register them")
-        reg = register_model(conf, job_id, mlruns, state, stats["norm"], site_metrics, global_metrics, sites,
-                             selection={"round": outcome.selected, "of": outcome.last, "reason": outcome.reason,
-                                        "metric": selection.metric.name})
-        log_figures(mlruns["parent"], {s: m[final] for s, m in evaluated.items()}, site_metrics,
-                    list(task.summary_metrics))
-    decision = gate_and_promote(conf, job_id, reg["version"], global_metrics, site_metrics, champion, champ_global,
-                                champ_sites)
+
+def register(job: Job, mlruns: dict[str, str], outcome: RoundsOutcome, evaluated: Evaluated, norm: dict[str, Any],
+             sites: list[str]) -> dict[str, Any]:
+    """Register the selected model (checked to be the one this coordinator aggregated) with its metrics and
+    lineage; log the figures."""
+    selected = global_weights(outcome.selected)
+    state, man = job.ex.get_state(selected, writer=COORDINATOR)
+    made = outcome.results[outcome.selected - 1]["sha256"] if outcome.selected > 0 else None
+    if made and man["sha256"] != made:
+        raise RuntimeError(f"the weights of {selected.name} on the exchange ({man['sha256'][:12]}…) are not the ones "
+                           f"this coordinator aggregated ({made[:12]}…); refusing to register them")
+    reg = register_model(job.conf, job.job_id, mlruns, state, norm, evaluated.site_metrics,
+                         evaluated.global_metrics, sites,
+                         selection={"round": outcome.selected, "of": outcome.last, "reason": outcome.reason,
+                                    "metric": outcome.selection.metric.name})
+    log_figures(mlruns["parent"], evaluated.raw, evaluated.site_metrics, list(job.conf.task().summary_metrics))
+    return reg
+
+
+def finish(job: Job, mlruns: dict[str, str], reg: dict[str, Any], decision: dict[str, Any], sites: list[str],
+           stats: dict[str, Any], outcome: RoundsOutcome, evaluated: Evaluated) -> dict[str, Any]:
+    """Close the MLflow runs, audit the registration and the gate, countersign the sites' audit heads, and
+    publish the job's summary."""
+    logger, t = get_run_logger(), job.training
     finish_runs(mlruns, decision)
-    audit.append("model.registered", job_id=job_id, flow_run_id=fr_id, **reg)
-    audit.append("model.gate", job_id=job_id, flow_run_id=fr_id, model=reg["model_name"], version=reg["version"],
-                 passed=decision["passed"], reason=decision["reason"], champion=decision["champion"],
-                 previous_champion=decision["previous_champion"])
+    job.audit.append("model.registered", job_id=job.job_id, flow_run_id=job.fr_id, **reg)
+    job.audit.append("model.gate", job_id=job.job_id, flow_run_id=job.fr_id, model=reg["model_name"],
+                     version=reg["version"], passed=decision["passed"], reason=decision["reason"],
+                     champion=decision["champion"], previous_champion=decision["previous_champion"])
     reg = {**reg, "alias": "champion" if decision["passed"] else "challenger", "gate": decision}
-    countersign(audit, ex.store, sites, job_id)
-
-    identities = collect_identities(ex, ran_as(ident), sites, eval_sites, t.rounds)
-    withheld = withheld_by_floor(evaluated, final)
+    countersign(job.audit, job.ex.store, sites, job.job_id)
+    identities = collect_identities(job.ex, ran_as(job.ident), sites, evaluated.sites, t.rounds)
+    withheld = withheld_by_floor({s: {"model": m} for s, m in evaluated.raw.items()}, "model")
     for what, left_out in withheld.items():
         if left_out:
             logger.warning("the row floor left %s out of the %s", left_out, what)
-    summary = job_summary(job_id, conf, stats["per_site"], rounds, site_metrics, global_metrics, reg, ex.ledger(),
-                          started, identities, withheld, selection=outcome)
-    ex.put_json(SUMMARY, summary)
+    summary = job_summary(job.job_id, job.conf, stats["per_site"], outcome.results, evaluated.site_metrics,
+                          evaluated.global_metrics, reg, job.ex.ledger(), job.started, identities, withheld,
+                          selection=outcome)
+    job.ex.put_json(SUMMARY, summary)
     create_markdown_artifact(key="retrain-summary", markdown=summary_markdown(summary),
-                             description=f"insitu job {job_id}")
-    primary = task.gate_metric(t.gate.primary_metric).name
-    logger.info("job %s done: %s v%s (%s), global %s %.4f; gate: %s", job_id, reg["model_name"], reg["version"],
-                reg["alias"], primary, global_metrics.get(primary, float("nan")), decision["reason"])
+                             description=f"insitu job {job.job_id}")
+    primary = job.conf.task().gate_metric(t.gate.primary_metric).name
+    logger.info("job %s done: %s v%s (%s), global %s %.4f; gate: %s", job.job_id, reg["model_name"], reg["version"],
+                reg["alias"], primary, evaluated.global_metrics.get(primary, float("nan")), decision["reason"])
     return summary
 
 
