@@ -77,3 +77,38 @@ def decide(
                             f"{'; '.join(worse)}", m, cand, champ, deltas)
     return GateDecision(True, f"{m} {cand:.4f} beats the champion's {champ:.4f} by at least {cfg.margin:.4f} and no "
                         f"site got worse by more than {cfg.max_site_drop:.4f}", m, cand, champ, deltas)
+
+
+# ---- the registry's side of the decision: what a candidate is compared with, and what stands already
+def judged(tags: Mapping[str, str]) -> tuple[bool, str] | None:
+    """A version's recorded gate decision (passed, reason), or None when it was not judged yet.
+
+    The ``gate`` tag is written last, after the alias move it implies: a re-run of a job whose version carries
+    it keeps that decision instead of judging again against a champion that may be itself by now.
+    """
+    if "gate" not in tags:
+        return None
+    return tags["gate"] == "passed", tags.get("gate_reason", "")
+
+
+def comparison_basis(evaluated: str | None, current: str | None) -> str:
+    """What the candidate is judged against, once the registry lock is held.
+
+    ``evaluated`` is the champion version the sites scored beside the candidate, ``current`` the champion now.
+    ``"none"``: there is no champion (a first model); ``"evaluated"``: the sites' scores of the champion stand;
+    ``"recorded"``: another job promoted a version since, which the sites never scored beside this candidate,
+    so its metrics recorded at its registration are used.
+    """
+    if current is None:
+        return "none"
+    return "evaluated" if current == evaluated else "recorded"
+
+
+def recorded_metrics(tags: Mapping[str, str], metric: str) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """A version's global and per-site test ``metric`` from its tags (written at registration)."""
+    glob = {metric: float(tags.get(f"global_test_{metric}", "nan"))}
+    sites = {}
+    for k, v in tags.items():
+        if k.startswith("site_") and k.endswith(f"_test_{metric}"):
+            sites[k[len("site_"): -len(f"_test_{metric}")]] = {metric: float(v)}
+    return glob, sites

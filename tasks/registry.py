@@ -283,16 +283,6 @@ def _read_weights(client: MlflowClient, mv: Any) -> dict[str, torch.Tensor] | No
     return state_from_bytes(data)
 
 
-def _recorded_metrics(mv: Any, metric: str) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """A version's global and per-site test metric from its tags (written at registration)."""
-    glob = {metric: float(mv.tags.get(f"global_test_{metric}", "nan"))}
-    sites = {}
-    for k, v in mv.tags.items():
-        if k.startswith("site_") and k.endswith(f"_test_{metric}"):
-            sites[k[len("site_"): -len(f"_test_{metric}")]] = {metric: float(v)}
-    return glob, sites
-
-
 @task(task_run_name="gate-and-promote-{job_id}")
 def gate_and_promote(
     conf: Conf,
@@ -311,7 +301,7 @@ def gate_and_promote(
     """
     from prefect.concurrency.sync import concurrency
 
-    from insitu.gate import decide
+    from insitu.gate import comparison_basis, decide, judged, recorded_metrics
 
     logger = get_run_logger()
     client = MlflowClient()
@@ -324,20 +314,21 @@ def gate_and_promote(
             current = client.get_model_version_by_alias(name, "champion")
         except mlflow.exceptions.MlflowException:
             current = None
-        recorded = client.get_model_version(name, version).tags
-        if "gate" in recorded:  # a re-run of a job whose version was already judged: the decision stands
-            passed = recorded["gate"] == "passed"
-            logger.info("%s v%s was already judged (%s): %s", name, version, recorded["gate"],
-                        recorded.get("gate_reason"))
-            return {"passed": passed, "reason": recorded.get("gate_reason", ""), "primary_metric": metric.name,
+        before = judged(client.get_model_version(name, version).tags)
+        if before is not None:  # a re-run of a job whose version was already judged: the decision stands
+            passed, reason = before
+            logger.info("%s v%s was already judged (%s): %s", name, version, "passed" if passed else "failed",
+                        reason)
+            return {"passed": passed, "reason": reason, "primary_metric": metric.name,
                     "candidate": candidate_global, "site_deltas": {}, "version": version, "previous_champion": None,
                     "champion": str(current.version) if current is not None else None}
         evaluated = champion["version"] if champion else None
-        if current is not None and str(current.version) != evaluated:
+        basis = comparison_basis(evaluated, str(current.version) if current is not None else None)
+        if basis == "recorded":
             logger.warning("champion moved to v%s since this job evaluated v%s; comparing with its recorded "
                            "metrics", current.version, evaluated)
-            champion_global, champion_sites = _recorded_metrics(current, metric.name)
-        elif current is None:
+            champion_global, champion_sites = recorded_metrics(current.tags, metric.name)
+        elif basis == "none":
             champion_global, champion_sites = None, None
         decision = decide(gate, metric, candidate_global, candidate_sites, champion_global, champion_sites)
         client.set_model_version_tag(name, version, "gate_reason", decision.reason)

@@ -66,3 +66,17 @@ def test_lower_is_better_metrics_gate_the_other_way() -> None:
     assert not d.passed and "lower is better" in d.reason  # better by 0.05 < margin 0.1
     d = decide_on(cfg, RMSE, {"rmse": 0.9}, {"eu": {"rmse": 1.7}}, {"rmse": 1.2}, {"eu": {"rmse": 1.1}})
     assert not d.passed and "eu 1.7000 vs 1.1000" in d.reason  # eu got worse by 0.6 > 0.5
+
+
+def test_what_a_candidate_is_compared_with_under_the_registry_lock() -> None:
+    from insitu.gate import comparison_basis, judged, recorded_metrics
+
+    assert comparison_basis(None, None) == "none"  # the first model
+    assert comparison_basis("3", None) == "none"  # the champion alias was removed since
+    assert comparison_basis("3", "3") == "evaluated"
+    assert comparison_basis("3", "4") == "recorded"  # another job promoted v4 meanwhile
+    assert comparison_basis(None, "4") == "recorded"
+    tags = {"global_test_pr_auc": "0.41", "site_eu_test_pr_auc": "0.5", "site_us-2_test_pr_auc": "0.3",
+            "site_eu_test_roc_auc": "0.9", "gate": "failed", "gate_reason": "worse"}
+    assert recorded_metrics(tags, "pr_auc") == ({"pr_auc": 0.41}, {"eu": {"pr_auc": 0.5}, "us-2": {"pr_auc": 0.3}})
+    assert judged(tags) == (False, "worse") and judged({"gate": "passed"}) == (True, "") and judged({}) is None
