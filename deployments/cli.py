@@ -336,6 +336,9 @@ def _print_summary(s: dict[str, Any]) -> None:
     m = s["model"]
     console.print(f"registered [bold]{m['model_name']}[/bold] version [bold]{m['version']}[/bold] "
                   f"with alias [bold]{m['alias']}[/bold] (MLflow run {m['run_id']})")
+    if "selected_round" in s:
+        early = " (stopped early)" if s.get("stopped_early") else ""
+        console.print(f"it is global model {s['selected_round']} of {s['rounds']}{early}: {s.get('selection', '')}")
     gate = m.get("gate", {})
     if gate:
         console.print(f"gate {'[green]passed[/green]' if gate['passed'] else '[yellow]failed[/yellow]'}: "

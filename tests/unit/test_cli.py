@@ -38,3 +38,16 @@ def test_validate_checks_every_file_of_conf(tmp_path: Path) -> None:
     r = _insitu("validate", "--conf", str(conf), cwd=tmp_path)
     assert r.returncode == 1
     assert "training/broken.yaml" in r.stdout and "rounds" in r.stdout and "1 problem(s)" in r.stdout, r.stdout
+
+
+def test_the_printed_summary_says_which_global_model_was_registered_and_why() -> None:
+    from deployments import cli
+
+    s = {"job_id": "j1", "rounds": 5, "sites": {}, "global_metrics": {"pr_auc": 0.2, "count": 100},
+         "bytes_crossed": 10, "bytes_crossed_by_writer": {}, "raw_bytes": 100, "ran_as": {},
+         "model": {"model_name": "m", "version": "2", "alias": "challenger", "run_id": "r"},
+         "selected_round": 3, "stopped_early": True,
+         "selection": "the best round by validation pr_auc (0.2 at round 3)"}
+    with cli.console.capture() as out:
+        cli._print_summary(s)
+    assert "it is global model 3 of 5 (stopped early): the best round by validation pr_auc" in out.get()
