@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch is pinned to its CPU wheel in requirements.lock: a resolver left alone would pull a CUDA build.
+	# Every version is pinned (requirements.lock, torch 2.13.0 included), so no resolver picks another torch build.
 	$(BIN)/pip install -q -r requirements.lock
 	$(BIN)/pip install -q --no-deps -e .
 	@touch $(STAMP)
