@@ -17,6 +17,8 @@ import torch
 from torch import nn
 
 from insitu.config import TrainingConfig
+from insitu.parallel.state import named_parameters
+from insitu.parallel.types import StepFn
 
 if TYPE_CHECKING:
     from insitu.parallel.checkpoint import Checkpointer
@@ -43,13 +45,17 @@ def train_epochs(
     on_step: Callable[[dict[str, float]], None] | None = None,
     checkpointer: Checkpointer | None = None,
     proximal: tuple[dict[str, torch.Tensor], float] | None = None,
+    step: StepFn | None = None,
+    drop_last: bool = False,
 ) -> dict[str, float]:
-    """Train ``model`` (plain or DDP-wrapped) on this rank's rows for ``cfg.local_epochs`` epochs.
+    """Train ``model`` (what this rank's strategy made of it) on this rank's rows for ``cfg.local_epochs`` epochs.
 
-    ``x``/``y`` are this rank's rows already; ``loss_fn(outputs, y)`` is the task's loss. With ``proximal``
-    ``(reference_state, mu)`` the FedProx term ``mu/2 · ‖w − w_ref‖²`` is added to every step's loss. With a
-    ``checkpointer``, resumes from its newest
-    checkpoint and saves one every ``every_steps`` steps and at each epoch's end. Returns loss, steps,
+    ``x``/``y`` are this rank's rows already (``world`` is the number of data-parallel replicas: each takes
+    ``batch_size // world`` rows per step); ``loss_fn(outputs, y)`` is the task's loss, unless the strategy has
+    its own ``step`` (a pipeline: forward and backward through the stages). With ``proximal``
+    ``(reference_state, mu)`` the FedProx term ``mu/2 · ‖w − w_ref‖²`` adds its gradient to every step. With a
+    ``checkpointer``, resumes from its newest checkpoint and saves one every ``every_steps`` steps and at each
+    epoch's end. Returns loss (``loss_sum``/``loss_rows``: over the rows whose loss this rank saw), steps,
     throughput, communication time and the step it resumed from.
     """
     torch.manual_seed(seed)
@@ -59,40 +65,44 @@ def train_epochs(
     opt = make_optimizer(model, cfg)
     prox = None
     if proximal is not None:
-        from insitu.federated.aggregators.fedprox import proximal_term
+        from insitu.federated.aggregators.fedprox import ProximalGradient
 
-        # The round's global weights, on this rank's device, keyed as the (possibly wrapped) model names them.
-        ref = {k: v.to(dev) for k, v in proximal[0].items()}
-        prox = (ref, float(proximal[1]))
+        # The round's global weights, against this rank's parameters (whole, shard or stage) by their names.
+        prox = ProximalGradient(named_parameters(model), proximal[0], float(proximal[1]))
     local_batch = max(1, cfg.batch_size // world)
     resumed = checkpointer.restore(model, opt) if checkpointer else None
     start_epoch, start_batch = (resumed["epoch"], resumed["batch"]) if resumed else (0, 0)
     global_step = resumed["global_step"] if resumed else 0
     every = checkpointer.ref.every_steps if checkpointer else 0
     model.train()
-    steps, loss_sum, seen, step_time, ckpt_s = 0, 0.0, 0, 0.0, 0.0
+    steps, loss_sum, loss_rows, seen, step_time, ckpt_s = 0, 0.0, 0, 0, 0.0, 0.0
     t_start = time.perf_counter()
     for epoch in range(start_epoch, cfg.local_epochs):
         order = torch.from_numpy(np.random.default_rng([seed, epoch]).permutation(len(xt))).to(dev)
         # Every rank has the same number of rows (load_rank_part), so even the last, partial batch has the
         # same size on every rank and DDP stays in step.
-        starts = list(range(0, len(order), local_batch))
+        starts = [i for i in range(0, len(order), local_batch) if not drop_last or i + local_batch <= len(order)]
         for b, i in enumerate(starts):
             if epoch == start_epoch and b < start_batch:
                 continue  # done before the checkpoint we resumed from
             idx = order[i : i + local_batch]
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xt[idx]), yt[idx])
+            if step is not None:
+                loss = step(xt[idx], yt[idx])
+            else:
+                loss = loss_fn(model(xt[idx]), yt[idx])
+                loss.backward()
             if prox is not None:
-                loss = loss + proximal_term(getattr(model, "module", model), prox[0], prox[1])
-            loss.backward()
+                prox()
             opt.step()
             dt = time.perf_counter() - t0
             steps += 1
             step_time += dt
-            lv = loss.item()
-            loss_sum += lv * len(idx)
+            lv = loss.item() if loss is not None else float("nan")
+            if loss is not None:
+                loss_sum += lv * len(idx)
+                loss_rows += len(idx)
             seen += len(idx)
             global_step += 1
             if on_step is not None:
@@ -108,7 +118,9 @@ def train_epochs(
                 ckpt_s += time.perf_counter() - c0
     elapsed = time.perf_counter() - t_start - ckpt_s
     return {
-        "train_loss": loss_sum / max(seen, 1),
+        "train_loss": loss_sum / loss_rows if loss_rows else float("nan"),
+        "loss_sum": loss_sum,
+        "loss_rows": float(loss_rows),
         "steps": float(steps),
         "samples_per_s": seen * world / elapsed if elapsed > 0 else 0.0,
         "step_time_s": step_time / max(steps, 1),
