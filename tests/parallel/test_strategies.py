@@ -29,7 +29,8 @@ N, SEQ, K, SEED = 512, 8, 2, 5
 F = SEQ * K
 TASK = task_for_label("binary", "bool")
 LOSS = {"pos_weight": 2.0}
-TRANSFORMER = {"name": "sequence_transformer", "dropout": 0.0, "options": {"seq_len": SEQ, "d_model": 16, "n_heads": 2, "n_layers": 4}}
+TRANSFORMER = {"name": "sequence_transformer", "dropout": 0.0,
+               "options": {"seq_len": SEQ, "d_model": 16, "n_heads": 2, "n_layers": 4}}
 MLP = {"hidden": [16, 16], "dropout": 0.0}
 
 
@@ -59,7 +60,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
 def make_spec(store: Store, strategy: str, ranks: int, model: dict[str, Any], parallel: dict[str, Any] | None = None,
               epochs: int = 2, checkpoint: CheckpointRef | None = None) -> TrainSpec:
     cfg = TrainingConfig.model_validate({
-        "model": model, "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9}, "batch_size": 64, "local_epochs": epochs,
+        "model": model, "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9}, "batch_size": 64,
+        "local_epochs": epochs,
         "strategy": strategy, "ranks_per_site": ranks, "parallel": parallel or {}})
     torch.manual_seed(0)
     state = build_model(cfg.model, F).state_dict()
@@ -67,8 +69,8 @@ def make_spec(store: Store, strategy: str, ranks: int, model: dict[str, Any], pa
 
 
 def reference(spec: TrainSpec, replicas: int) -> dict[str, torch.Tensor]:
-    """One process, one optimizer (SGD: Adam would turn float-level differences of near-zero gradients into
-    lr-sized steps), stepping on the union of the replicas' batches (written out, not insitu's loop)."""
+    """One process, one optimizer, stepping on the union of the replicas' batches (written out, not insitu's
+    loop). SGD: Adam would turn float-level differences of near-zero gradients into lr-sized steps."""
     from insitu.data.loader import load_split
 
     x, y = load_split(spec.data.store, "toy", "job", "train")

@@ -226,7 +226,8 @@ BAD_CONFIGS = [
         TRAINING,
         _set(TRAINING, ("model", "name"), "resnet50"),
         "model.name",
-        "built in: ['fraud_mlp', 'sequence_transformer', 'tabular_mlp'], or your own factory as 'package.module:function'",
+        "built in: ['fraud_mlp', 'sequence_transformer', 'tabular_mlp'], or your own factory as "
+        "'package.module:function'",
         id="unknown-model",
     ),
     pytest.param(
