@@ -141,18 +141,20 @@ def status(state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) ->
 def seed(
     state_dir: StateDir = DEFAULT_STATE,
     conf: ConfDir = DEFAULT_CONF,
-    rows: Annotated[int, typer.Option(help="rows per site (fraud only; digits has a fixed size)")] = 20000,
+    rows: Annotated[int, typer.Option(help="rows per site (fraud, card_sequences; digits has a fixed size)")] = 20000,
     random_seed: Annotated[int, typer.Option("--seed", help="random seed (same seed, same files)")] = 42,
     corrupt_shard: Annotated[str, typer.Option(
         help="shard id to write unreadable; 'last' or 'none' (fraud only)")] = "last",
-    dataset: Annotated[str, typer.Option(help="the example dataset to write: fraud or digits")] = "fraud",
+    dataset: Annotated[str, typer.Option(
+        help="the example dataset to write: fraud, digits or card_sequences")] = "fraud",
     training: Annotated[str | None, typer.Option(
-        help="a training config the dataset must load with (default: the one named like the dataset); "
-             "only checked, seeding trains nothing")] = None,
+        help="a training config the dataset must load with (default: the one named like the dataset, else "
+             "fraud); only checked, seeding trains nothing")] = None,
 ) -> None:
     """Write an example dataset into each site's own store: `fraud` (synthetic, non-IID card transactions, with
-    malformed rows and an unreadable shard on purpose) or `digits` (handwritten digits, each site holding mostly
-    its own digits). For your own data use `insitu data put`."""
+    malformed rows and an unreadable shard on purpose), `digits` (handwritten digits, each site holding mostly
+    its own digits) or `card_sequences` (each card's last 8 transactions per row, for a sequence model). For your
+    own data use `insitu data put`."""
     _quiet_logs()
     from insitu.data.seed import seed as do_seed
     from insitu.data.seed import seeder_for
@@ -162,7 +164,10 @@ def seed(
     p = _platform(state_dir, conf)
     _require_up(p)
     # The pair must load together, so that what is seeded can be trained on as configured.
-    c = load_conf(training or dataset, dataset, directory=conf)
+    # A dataset can be seeded before a training config named like it exists (card_sequences: its sequence model's
+    # config comes with that model); the pair is then checked with the fraud config, a binary task.
+    default = dataset if (Path(conf) / "training" / f"{dataset}.yaml").exists() else "fraud"
+    c = load_conf(training or default, dataset, directory=conf)
     out = do_seed(c, rows, random_seed, None if corrupt_shard == "none" else corrupt_shard)
     t = Table("shard", "site", "rows", "malformed rows", "unreadable")
     for sid, v in out.items():

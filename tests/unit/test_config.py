@@ -187,7 +187,7 @@ def test_unknown_dataset_is_reported() -> None:
     msg = str(info.value)
     assert str(CONF / DATASETS) in msg
     assert "key 'datasets.payments'" in msg
-    assert "defined: ['digits', 'fraud']" in msg
+    assert "defined: ['card_sequences', 'digits', 'fraud']" in msg
 
 
 # --------------------------------------------------------------------------- bad configs
@@ -641,7 +641,7 @@ def test_a_dataset_is_named_by_a_plain_key_of_datasets_yaml(dataset: str) -> Non
         load_conf("fraud", dataset=dataset, directory=CONF)
     msg = str(info.value)
     assert str(CONF / DATASETS) in msg and "a run names a dataset by its key in datasets.yaml" in msg
-    assert "defined: ['digits', 'fraud']" in msg
+    assert "defined: ['card_sequences', 'digits', 'fraud']" in msg
 
 
 def test_a_dataset_key_that_no_run_could_name_is_refused(conf_copy: Path) -> None:
