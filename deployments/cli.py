@@ -148,8 +148,8 @@ def seed(
     dataset: Annotated[str, typer.Option(
         help="the example dataset to write: fraud, digits or card_sequences")] = "fraud",
     training: Annotated[str | None, typer.Option(
-        help="a training config the dataset must load with (default: the one named like the dataset, else "
-             "fraud); only checked, seeding trains nothing")] = None,
+        help="a training config the dataset must load with (default: the one named like the dataset); "
+             "only checked, seeding trains nothing")] = None,
 ) -> None:
     """Write an example dataset into each site's own store: `fraud` (synthetic, non-IID card transactions, with
     malformed rows and an unreadable shard on purpose), `digits` (handwritten digits, each site holding mostly
@@ -164,10 +164,7 @@ def seed(
     p = _platform(state_dir, conf)
     _require_up(p)
     # The pair must load together, so that what is seeded can be trained on as configured.
-    # A dataset can be seeded before a training config named like it exists (card_sequences: its sequence model's
-    # config comes with that model); the pair is then checked with the fraud config, a binary task.
-    default = dataset if (Path(conf) / "training" / f"{dataset}.yaml").exists() else "fraud"
-    c = load_conf(training or default, dataset, directory=conf)
+    c = load_conf(training or dataset, dataset, directory=conf)
     out = do_seed(c, rows, random_seed, None if corrupt_shard == "none" else corrupt_shard)
     t = Table("shard", "site", "rows", "malformed rows", "unreadable")
     for sid, v in out.items():
