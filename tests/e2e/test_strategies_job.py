@@ -22,7 +22,9 @@ from insitu.data.seed import seed
 from insitu.data.sequences import generate
 from insitu.governance.audit import read_events
 
-pytestmark = pytest.mark.e2e
+# Three jobs at once on 2 cores, the platform started by the first test of the session: more than the default 900 s
+# when the machine is shared.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 ROUNDS = 2
 # strategy → (ranks per site, data-parallel replicas among them, extra training keys)
 LAYOUTS: dict[str, tuple[int, int, dict[str, Any]]] = {
