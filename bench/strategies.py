@@ -125,7 +125,7 @@ def median_ratio(ours: list[float], bare: list[float]) -> tuple[float, float, fl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
-    ap.add_argument("--rows", type=int, default=16384)
+    ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--seq-len", type=int, default=8)
     ap.add_argument("--step-features", type=int, default=4, help="features per step (n_features = seq_len · this)")
     ap.add_argument("--d-model", type=int, default=64)
