@@ -19,6 +19,7 @@ import argparse
 import glob
 import json
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -125,36 +126,26 @@ def local_bytes(module: nn.Module, opt: torch.optim.Optimizer) -> dict[str, int]
             "optim": sum(nbytes(v) for v in state)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("strategy", choices=["ddp", "fsdp", "pipeline", "hybrid"])
-    ap.add_argument("--data", required=True, help="folder of *.parquet (features f*, label)")
-    ap.add_argument("--state", required=True, help="starting weights (torch.save of a state dict)")
-    ap.add_argument("--seq-len", type=int, default=8)
-    ap.add_argument("--d-model", type=int, default=64)
-    ap.add_argument("--n-heads", type=int, default=4)
-    ap.add_argument("--n-layers", type=int, default=4)
-    ap.add_argument("--ffn-mult", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=128, help="global batch (all replicas)")
-    ap.add_argument("--microbatches", type=int, default=4)
-    ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--seed", type=int, default=1)
-    args = ap.parse_args()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+@dataclass
+class Trained:
+    seen: int
+    elapsed: float
+    replicas: int
+    loss_sum: float
+    rows_with_loss: int
+    bytes: dict[str, int]
+
+
+def train(args: argparse.Namespace, x_all: np.ndarray, y_all: np.ndarray, max_steps: int | None = None) -> Trained:
+    """Wrap a new model as ``args.strategy`` says and train it (``max_steps``: stop early, for a warm-up)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cpu")
-
-    df = pd.concat([pd.read_parquet(f) for f in sorted(glob.glob(args.data + "/*.parquet"))], ignore_index=True)
-    y_all = df.pop("label").to_numpy(np.float32)
-    x_all = df.to_numpy(np.float32)
     model = Model(Core(x_all.shape[1], args.seq_len, args.d_model, args.n_heads, args.n_layers, args.ffn_mult),
                   x_all.shape[1])
     model.load_state_dict(torch.load(args.state, weights_only=True))
 
     # Which rows this rank reads (its data-parallel replica's block), and what it trains.
-    stage = n_stages = None
+    stage = n_stages = group = None
     if args.strategy == "ddp":
         replica, replicas = rank, world
         module: nn.Module = DistributedDataParallel(model, broadcast_buffers=False)
@@ -168,7 +159,6 @@ def main() -> None:
         replica, replicas, stage, n_stages = 0, 1, rank, world
         model.keep_stage(stage, n_stages)
         module = model
-        group = None
     else:  # hybrid: (pp, dp_shard) = (2, world // 2)
         mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("pp", "dp_shard"))
         stage, n_stages = mesh["pp"].get_local_rank(), 2
@@ -193,12 +183,12 @@ def main() -> None:
     local = max(1, args.batch // replicas)
     drop_last = schedule is not None  # a pipeline's micro-batch shapes are fixed at the first step
     losses: list[torch.Tensor] = []
-    seen, t0 = 0, time.perf_counter()
+    steps, seen, t0 = 0, 0, time.perf_counter()
     for epoch in range(args.epochs):
         order = torch.from_numpy(np.random.default_rng([args.seed, epoch]).permutation(len(xt)))
         for i in range(0, len(order), local):
             idx = order[i : i + local]
-            if drop_last and len(idx) < local:
+            if (drop_last and len(idx) < local) or (max_steps is not None and steps >= max_steps):
                 break
             opt.zero_grad(set_to_none=True)
             if schedule is None:
@@ -215,19 +205,50 @@ def main() -> None:
                 schedule.step()
             opt.step()
             seen += len(idx)
+            steps += 1
     elapsed = time.perf_counter() - t0
+    return Trained(seen, elapsed, replicas, float(torch.stack(losses).sum()) if losses else 0.0,
+                   seen if (schedule is None or last) else 0, local_bytes(module, opt))
 
-    rows_with_loss = seen if (schedule is None or last) else 0
-    totals = torch.tensor([float(torch.stack(losses).sum()) if losses else 0.0, rows_with_loss], dtype=torch.float64)
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("strategy", choices=["ddp", "fsdp", "pipeline", "hybrid"])
+    ap.add_argument("--data", required=True, help="folder of *.parquet (features f*, label)")
+    ap.add_argument("--state", required=True, help="starting weights (torch.save of a state dict)")
+    ap.add_argument("--seq-len", type=int, default=8)
+    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--n-heads", type=int, default=4)
+    ap.add_argument("--n-layers", type=int, default=4)
+    ap.add_argument("--ffn-mult", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=128, help="global batch (all replicas)")
+    ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--warmup-steps", type=int, default=0,
+                    help="first train a throw-away copy for this many steps (untimed), so that the timed run is in a "
+                         "warm process, as insitu's long-lived Dask workers are after their first round")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    df = pd.concat([pd.read_parquet(f) for f in sorted(glob.glob(args.data + "/*.parquet"))], ignore_index=True)
+    y_all = df.pop("label").to_numpy(np.float32)
+    x_all = df.to_numpy(np.float32)
+    if args.warmup_steps:
+        train(args, x_all, y_all, max_steps=args.warmup_steps)
+        dist.barrier()
+    t = train(args, x_all, y_all)
+    totals = torch.tensor([t.loss_sum, t.rows_with_loss], dtype=torch.float64)
     dist.all_reduce(totals)
     per_rank: list[dict[str, int] | None] = [None] * world
-    dist.all_gather_object(per_rank, local_bytes(module, opt))
+    dist.all_gather_object(per_rank, t.bytes)
     if rank == 0:
-        print(json.dumps({"strategy": args.strategy, "ranks": world, "replicas": replicas,
-                          "samples_per_s": seen * replicas / elapsed, "train_seconds": elapsed,
+        print(json.dumps({"strategy": args.strategy, "ranks": world, "replicas": t.replicas,
+                          "samples_per_s": t.seen * t.replicas / t.elapsed, "train_seconds": t.elapsed,
                           "train_loss": float(totals[0] / totals[1]), "bytes_per_rank": per_rank}), flush=True)
     dist.barrier()
-    del module, model, opt, schedule
     dist.destroy_process_group()
 
 
