@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import dask
 import torch
 from distributed import LocalCluster
 
@@ -150,7 +151,9 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown strategies {unknown}; have {list(STRATEGIES)}")
     # As on the platform's site workers (deployments/platform/supervisor.py): no Dask profiler sampling training.
-    os.environ["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] = "False"
+    # Through dask.config, not the environment: distributed is imported already (its config read), and the
+    # nannies hand the workers this process's config, so a variable set now would not reach them.
+    dask.config.set({"distributed.worker.profile.enabled": False})
     n_features = args.seq_len * args.step_features
     tmp = Path(tempfile.mkdtemp(prefix="insitu-bench-strategies-"))
     write_prepared(tmp, args.rows, n_features)
