@@ -60,9 +60,10 @@ def test_aggregators_prints_a_table_and_writes_json(tmp_path: Path) -> None:
 def test_strategies_prints_throughput_and_memory_tables(tmp_path: Path) -> None:
     out_file = tmp_path / "strategies.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
-    tiny = ["--rows", "1024", "--d-model", "16", "--n-heads", "2", "--n-layers", "2", "--batch", "64", "--repeat", "1"]
+    tiny = ["--rows", "1024", "--d-model", "16", "--n-heads", "2", "--n-layers", "2", "--batch", "64", "--repeat", "1",
+            "--bare-warmup-steps", "0"]
     out = subprocess.run([sys.executable, str(REPO / "bench" / "strategies.py"), *tiny, "--out", str(out_file)],
-                         env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+                         env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
     names = ["ddp", "fsdp", "pipeline", "hybrid"]
     tables = [line for line in out.stdout.splitlines() if line.startswith("| ") and "strategy" not in line
