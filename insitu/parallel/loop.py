@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -42,7 +42,7 @@ def train_epochs(
     seed: int,
     world: int = 1,
     comm_seconds: Callable[[], float] | None = None,
-    on_step: Callable[[dict[str, float]], None] | None = None,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
     checkpointer: Checkpointer | None = None,
     proximal: tuple[dict[str, torch.Tensor], float] | None = None,
     step: StepFn | None = None,
@@ -75,7 +75,8 @@ def train_epochs(
     global_step = resumed["global_step"] if resumed else 0
     every = checkpointer.ref.every_steps if checkpointer else 0
     model.train()
-    steps, loss_sum, loss_rows, seen, step_time, ckpt_s = 0, 0.0, 0, 0, 0.0, 0.0
+    steps, loss_rows, seen, step_time, ckpt_s = 0, 0, 0, 0.0, 0.0
+    loss_total = torch.zeros((), dtype=torch.float64, device=dev)
     t_start = time.perf_counter()
     for epoch in range(start_epoch, cfg.local_epochs):
         order = torch.from_numpy(np.random.default_rng([seed, epoch]).permutation(len(xt))).to(dev)
@@ -99,14 +100,15 @@ def train_epochs(
             dt = time.perf_counter() - t0
             steps += 1
             step_time += dt
-            lv = loss.item() if loss is not None else float("nan")
             if loss is not None:
-                loss_sum += lv * len(idx)
+                # Summed on the device: reading it every step (.item()) would make a GPU wait for each step.
+                loss_total += loss.detach().to(torch.float64) * len(idx)
                 loss_rows += len(idx)
             seen += len(idx)
             global_step += 1
-            if on_step is not None:
-                on_step({"step": float(global_step), "loss": lv, "step_s": dt})
+            if on_step is not None:  # "loss": a 0-d tensor (or nan); read it only when logging
+                on_step({"step": float(global_step), "loss": loss.detach() if loss is not None else float("nan"),
+                         "step_s": dt})
             end_of_epoch = b == len(starts) - 1
             # No checkpoint after the last step: the round's result is published right after, and a
             # re-run skips rounds whose update is already on the exchange.
@@ -117,6 +119,7 @@ def train_epochs(
                 checkpointer.save(model, opt, {"epoch": nxt[0], "batch": nxt[1], "global_step": global_step})
                 ckpt_s += time.perf_counter() - c0
     elapsed = time.perf_counter() - t_start - ckpt_s
+    loss_sum = float(loss_total)
     return {
         "train_loss": loss_sum / loss_rows if loss_rows else float("nan"),
         "loss_sum": loss_sum,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from types import ModuleType
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -69,10 +70,10 @@ def rank_main(rank: int, world: int, spec: TrainSpec) -> TrainResult | None:
     part = load_rank_part_cached(spec.data.store, spec.data.dataset, spec.data.job_id, spec.data.split, replica,
                                  replicas)
 
-    def log_step(m: dict[str, float]) -> None:
+    def log_step(m: dict[str, Any]) -> None:
         if rank == 0 and int(m["step"]) % 50 == 0:
-            log.info("%s rank0 step %d loss %.4f step %.4fs comm %.4fs", spec.training.strategy, m["step"], m["loss"],
-                     m["step_s"], wrapped.comm_seconds())
+            log.info("%s rank0 step %d loss %.4f step %.4fs comm %.4fs", spec.training.strategy, m["step"],
+                     float(m["loss"]), m["step_s"], wrapped.comm_seconds())
 
     ckpt = Checkpointer(spec.checkpoint) if spec.checkpoint else None
     proximal = (spec.state, spec.site_options["proximal_mu"]) if spec.site_options.get("proximal_mu") else None
