@@ -53,3 +53,15 @@ def test_aggregators_prints_a_table_and_writes_json(tmp_path: Path) -> None:
             assert len(x["curve"]) == 2 and all(0 < v <= 1 for v in x["curve"])
             reached = [i + 1 for i, v in enumerate(x["curve"]) if v >= job["target"]]
             assert x["rounds_to_target"] == (reached[0] if reached else None)
+
+
+def test_async_vs_sync_prints_both_modes_at_the_same_versions(tmp_path: Path) -> None:
+    rows = _run("async_vs_sync.py", "--smoke", tmp=tmp_path)
+    assert isinstance(rows, list) and [r["mode"] for r in rows] == ["sync", "async", "async", "async"]
+    sync, *asyncs = rows
+    assert sync["applied"] == 2 * 3 and sync["refused"] == 0  # --smoke: 2 rounds of 3 sites
+    for r in rows:
+        assert r["wall_s"] > 0 and 0 < r["final_pr_auc"] <= 1
+    # the slow site (0.3 s per update) sets every sync round's pace; async does not wait for it
+    assert sync["wall_s"] >= 2 * 0.3
+    assert all(r["wall_s"] < sync["wall_s"] for r in asyncs)
