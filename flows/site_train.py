@@ -7,7 +7,17 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from insitu.federated.kinds import COORDINATOR, async_update_limit
-from insitu.federated.paths import ABORT, GLOBAL_STATS, NEWEST, STOP, global_weights, refresh, update, validation
+from insitu.federated.paths import (
+    ABORT,
+    GLOBAL_STATS,
+    NEWEST,
+    STOP,
+    async_update,
+    global_weights,
+    refresh,
+    update,
+    validation,
+)
 from tasks.anchoring import anchor_site
 from tasks.context import SiteContext, site_context
 from tasks.evaluate import validate_round
@@ -101,11 +111,15 @@ def train_async(ctx: SiteContext, norm: dict[str, Any], val: tuple[Any, Any] | N
 
 
 def next_async_seq(ctx: SiteContext) -> int:
-    """The sequence number of this site's next update: one past the last it published in this job."""
-    names = [p.rsplit("/", 1)[-1] for p in ctx.exchange.list("update", writer=ctx.site)]
-    seqs = [int(n[len("async-"):-len(".manifest.json")]) for n in names
-            if n.startswith("async-") and n.endswith(".manifest.json")]
-    return max(seqs) + 1 if seqs else 0
+    """The sequence number of this site's next update: one past the last it published in this job.
+
+    Found by asking for each in turn (a site publishes them in order, so the first missing one is next), not by
+    listing: a site's credential may read its own objects on the exchange but not list the bucket.
+    """
+    seq = 0
+    while ctx.exchange.exists(async_update(seq).manifest):
+        seq += 1
+    return seq
 
 
 def note_refusal(ctx: SiteContext, seen: int) -> int:

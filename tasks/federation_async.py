@@ -36,7 +36,6 @@ def update_limit(training: TrainingConfig) -> int | None:
     return async_update_limit(training.rounds, a.buffer_size if a.algorithm == "fedbuff" else 1)
 
 
-@task(task_run_name="parameter-server", cache_policy=NO_CACHE)  # a decision is never replayed from a cache
 def open_server(ex: Exchange, training: TrainingConfig, sites: list[str]) -> ParameterServer:
     """The job's parameter server: a new one at version 0, or the state a previous attempt left (resume)."""
     limit = update_limit(training)
@@ -49,6 +48,7 @@ def open_server(ex: Exchange, training: TrainingConfig, sites: list[str]) -> Par
     return server
 
 
+# No cache: a decision is never replayed from one.
 @task(task_run_name="async-update-{arrival.site}-{arrival.seq}", cache_policy=NO_CACHE)
 def apply_update(server: ParameterServer, arrival: Arrival, audit: Auditor, flow_run_id: str | None) -> dict[str, Any]:
     """Decide one arrived update; audit a refusal; commit (new version, notice, server state, newest pointer).

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,13 +68,20 @@ def _parent(client: MlflowClient, job_id: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def jobs(deployed: Platform, shared_conf: Path, signer: Any) -> dict[str, dict[str, Any]]:
-    out = {}
-    for mode in ("async", "sync"):
-        job_id = f"e2e-{mode}-{uuid.uuid4().hex[:6]}"
-        fr = _run(_config(shared_conf, deployed.conf_dir, mode), job_id, signer)
-        out[mode] = {"job_id": job_id, "flow_run": fr}
-    return out
+def jobs(deployed: Platform, signer: Any) -> Iterator[dict[str, dict[str, Any]]]:
+    """Both jobs, one after the other (2 cores: side by side they would slow each other down)."""
+    out, written = {}, []
+    try:
+        for mode in ("async", "sync"):
+            job_id = f"e2e-{mode}-{uuid.uuid4().hex[:6]}"
+            # in the platform's conf/training (a run may name only configs there), as shared_conf does
+            training = _config(deployed.conf_dir / "training", deployed.conf_dir, mode)
+            written.append(deployed.conf_dir / "training" / f"{training}.yaml")
+            out[mode] = {"job_id": job_id, "flow_run": _run(training, job_id, signer)}
+        yield out
+    finally:
+        for path in written:
+            path.unlink(missing_ok=True)
 
 
 def _exchange(p: Platform) -> s3fs.S3FileSystem:
