@@ -25,7 +25,8 @@ from prefect.client.orchestration import get_client
 from deployments.platform import Platform
 from insitu.governance.audit import read_events, verify
 
-pytestmark = pytest.mark.e2e
+# Two whole jobs in one fixture (about 13 minutes on a loaded 2-core VM): more than the default 900 s.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 VERSIONS = 6
 SLOW = "us"
 DELAY_S = 4.0
