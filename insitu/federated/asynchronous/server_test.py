@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from insitu.config import AsyncConfig
 from insitu.federated.asynchronous import build_algorithm
 from insitu.federated.asynchronous.server import ParameterServer
 from insitu.federated.exchange import Exchange
-from insitu.federated.kinds import COORDINATOR
+from insitu.federated.kinds import COORDINATOR, ExchangeError
 from insitu.federated.paths import ASYNC_STATE, NEWEST, async_update, global_weights, refresh
+from insitu.federated.schemas import artefact
 from insitu.storage import Store
 
 SITES = ["eu", "us"]
@@ -114,3 +116,28 @@ def test_a_resumed_server_reports_earlier_versions_as_resumed(tmp_path: Path) ->
     _step(server)
     again = _server(tmp_path)
     assert again.version == 1 and [r["resumed"] for r in again.results()] == [True]
+
+
+def test_the_async_objects_are_the_protocols() -> None:
+    # only the coordinator writes the pointer, its state, notices and the buffer; only a site its updates
+    for doc in (NEWEST, ASYNC_STATE, refresh("us")):
+        assert artefact(doc.kind, doc.name, COORDINATOR).schema is not None
+        with pytest.raises(ExchangeError, match="only the coordinator"):
+            artefact(doc.kind, doc.name, "us")
+    with pytest.raises(ExchangeError, match="only the site"):
+        artefact("update", async_update(3).manifest.name, COORDINATOR)
+
+
+def test_a_notice_must_be_addressed_to_the_site_it_is_named_for(tmp_path: Path) -> None:
+    notice = {"recipient": "eu", "seq": 0, "base_version": 0, "version": 2, "staleness": 2, "reason": "stale"}
+    with pytest.raises(ExchangeError, match="recipient"):
+        _ex(tmp_path, COORDINATOR).put_json(refresh("us"), notice)
+
+
+def test_an_update_manifest_names_its_own_sequence_number(tmp_path: Path) -> None:
+    _server(tmp_path)
+    site_ex = _ex(tmp_path, "eu")
+    base, man = site_ex.get_state(global_weights(0), writer=COORDINATOR)
+    with pytest.raises(ExchangeError, match="must have seq"):
+        site_ex.put_state(async_update(1), {"w": base["w"] + 1}, reference=base, seq=2, base_version=0,
+                          n_samples=100, base_sha256=man["sha256"])
