@@ -98,7 +98,8 @@ def test_a_cancelled_async_job_resumes_where_it_stopped(deployed: Platform, shar
     assert after["version"] == VERSIONS and after["decisions"] > state["decisions"]
     assert all(after["next_seq"][s] >= n for s, n in state["next_seq"].items())  # numbering continued
     assert json.loads(ex.fs.cat(f"{job}/control/coordinator/newest.json"))["version"] == VERSIONS
-    assert any(f"resumed: version {state['version']} of {VERSIONS}" in m for m in _logs(second)), _logs(second)[:20]
+    logs = _logs(second.id)
+    assert any(f"resumed: version {state['version']} of {VERSIONS}" in m for m in logs), logs[:20]
 
     client = MlflowClient(deployed.mlflow_url)
     versions = [v for v in client.search_model_versions(f"name = '{MODEL}'") if v.tags.get("job_id") == job_id]
