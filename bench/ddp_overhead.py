@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import dask
 import torch
 from distributed import LocalCluster
 
@@ -45,7 +46,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     # As on the platform's site workers (deployments/platform/supervisor.py): no Dask profiler sampling training.
-    os.environ["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] = "False"
+    # Through dask.config, not the environment: distributed is imported already (its config read), and the
+    # nannies hand the workers this process's config, so a variable set now would not reach them.
+    dask.config.set({"distributed.worker.profile.enabled": False})
     tmp = Path(tempfile.mkdtemp(prefix="insitu-bench-"))
     write_prepared(tmp, args.rows, args.features)
     cfg = TrainingConfig.model_validate({

@@ -141,18 +141,20 @@ def status(state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) ->
 def seed(
     state_dir: StateDir = DEFAULT_STATE,
     conf: ConfDir = DEFAULT_CONF,
-    rows: Annotated[int, typer.Option(help="rows per site (fraud only; digits has a fixed size)")] = 20000,
+    rows: Annotated[int, typer.Option(help="rows per site (fraud, card_sequences; digits has a fixed size)")] = 20000,
     random_seed: Annotated[int, typer.Option("--seed", help="random seed (same seed, same files)")] = 42,
     corrupt_shard: Annotated[str, typer.Option(
         help="shard id to write unreadable; 'last' or 'none' (fraud only)")] = "last",
-    dataset: Annotated[str, typer.Option(help="the example dataset to write: fraud or digits")] = "fraud",
+    dataset: Annotated[str, typer.Option(
+        help="the example dataset to write: fraud, digits or card_sequences")] = "fraud",
     training: Annotated[str | None, typer.Option(
         help="a training config the dataset must load with (default: the one named like the dataset); "
              "only checked, seeding trains nothing")] = None,
 ) -> None:
     """Write an example dataset into each site's own store: `fraud` (synthetic, non-IID card transactions, with
-    malformed rows and an unreadable shard on purpose) or `digits` (handwritten digits, each site holding mostly
-    its own digits). For your own data use `insitu data put`."""
+    malformed rows and an unreadable shard on purpose), `digits` (handwritten digits, each site holding mostly
+    its own digits) or `card_sequences` (each card's last 8 transactions per row, for a sequence model). For your
+    own data use `insitu data put`."""
     _quiet_logs()
     from insitu.data.seed import seed as do_seed
     from insitu.data.seed import seeder_for

@@ -19,7 +19,7 @@ from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
 from prefect import get_run_logger, task
 
-from insitu.config import Conf
+from insitu.config import Conf, TrainingConfig
 from insitu.federated.exchange import state_from_bytes, state_to_bytes
 from insitu.federated.validation import RoundValidation
 from insitu.models import Normalization, build_model
@@ -40,6 +40,12 @@ def code_version() -> str:
         return "unknown"
 
 
+def parallel_params(t: TrainingConfig) -> dict[str, Any]:
+    """The parts of ``parallel:`` the job's strategy uses (the rest would only mislead a comparison)."""
+    used = {"fsdp": ["fsdp"], "pipeline": ["pipeline"], "hybrid": ["mesh", "pipeline", "fsdp"]}.get(t.strategy, [])
+    return {k: v for k, v in t.parallel.model_dump().items() if k in used}
+
+
 def flat_params(conf: Conf) -> dict[str, Any]:
     t = conf.training
     return {
@@ -48,6 +54,7 @@ def flat_params(conf: Conf) -> dict[str, Any]:
         "rounds": t.rounds, "local_epochs": t.local_epochs, "batch_size": t.batch_size,
         "aggregator": t.aggregator.name, "aggregator_options": t.aggregator.options,
         "task": t.task.name, "seed": t.seed, "strategy": t.strategy, "ranks_per_site": t.ranks_per_site,
+        "model_options": t.model.options, "parallel": parallel_params(t),
         "min_sites": t.federation.min_sites, "round_deadline_s": t.federation.round_deadline_s,
         "federation_mode": t.federation.mode,
         **({"federation_async": t.federation.asynchronous.model_dump(mode="json")}

@@ -1,9 +1,10 @@
 """Write a shipped example dataset into each site's own store (``insitu seed``).
 
-Two datasets can be seeded, one generator each (:data:`SEEDERS`): ``fraud``, synthetic non-IID card
-transactions with malformed rows and an unreadable shard on purpose, and ``digits``, scikit-learn's
-handwritten digits split over the sites with label skew. Any other dataset is one's own: its files go into
-each site's store with ``insitu data put``.
+Three datasets can be seeded, one generator each (:data:`SEEDERS`): ``fraud``, synthetic non-IID card
+transactions with malformed rows and an unreadable shard on purpose, ``digits``, scikit-learn's
+handwritten digits split over the sites with label skew, and ``card_sequences``, synthetic non-IID card
+histories as one row per transaction holding the card's last 8 (:mod:`insitu.data.sequences`), clean. Any
+other dataset is one's own: its files go into each site's store with ``insitu data put``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from insitu.config import Conf
+from insitu.data import sequences
 from insitu.data.digits import digits_frames
 from insitu.data.synthetic import check_matches_schema, generate, inject_malformed
 from insitu.storage import Store, store_from_env
@@ -30,8 +32,9 @@ def seed(conf: Conf, rows_per_site: int = 6000, seed: int = 42, corrupt_shard: s
          malformed_fraction: float = 0.005) -> dict[str, Any]:
     """Write every shard of ``conf.dataset`` into its site's store, with the generator of that dataset.
 
-    ``rows_per_site``, ``corrupt_shard`` (a shard id, ``"last"`` for the dataset's last shard, or None) and
-    ``malformed_fraction`` apply to ``fraud`` only: ``digits`` is a fixed, clean dataset. Identical inputs
+    ``rows_per_site`` applies to ``fraud`` and ``card_sequences``; ``corrupt_shard`` (a shard id, ``"last"`` for
+    the dataset's last shard, or None) and ``malformed_fraction`` to ``fraud`` only: ``digits`` is a fixed,
+    clean dataset, ``card_sequences`` a clean one. Identical inputs
     write identical files.
 
     Returns
@@ -139,5 +142,29 @@ def seed_digits(conf: Conf, rows_per_site: int, seed: int, corrupt_shard: str | 
     return out
 
 
+def seed_card_sequences(conf: Conf, rows_per_site: int, seed: int, corrupt_shard: str | None,
+                        malformed_fraction: float) -> dict[str, Any]:
+    """Synthetic card-transaction sequences (:func:`insitu.data.sequences.generate`), ``rows_per_site`` rows per
+    site split evenly over its shards, each shard its own cards. Clean: ``corrupt_shard`` and
+    ``malformed_fraction`` are not used.
+    """
+    ds = conf.dataset
+    sequences.check_matches_schema(ds.schema_)
+    out: dict[str, Any] = {}
+    for site in conf.sites.names:
+        shards = ds.shards_of(site)
+        if not shards:
+            continue
+        store = store_from_env(conf.sites.site(site), site)
+        per = [len(a) for a in np.array_split(np.arange(rows_per_site), len(shards))]
+        for i, (shard, rows) in enumerate(zip(shards, per, strict=True)):
+            df = sequences.generate(site, rows, seed, shard=i)
+            url = _write(store, shard.path, df)
+            rate = float(df[sequences.LABEL_COLUMN].mean()) if len(df) else 0.0
+            out[shard.id] = {"site": site, "rows": len(df), "malformed": 0, "unreadable": False, "fraud_rate": rate}
+            log.info("seeded %s (%d rows, fraud rate %.3f) at %s", shard.id, len(df), rate, url)
+    return out
+
+
 # The datasets `insitu seed` can write, by their key in datasets.yaml.
-SEEDERS: dict[str, Seeder] = {"fraud": seed_fraud, "digits": seed_digits}
+SEEDERS: dict[str, Seeder] = {"fraud": seed_fraud, "digits": seed_digits, "card_sequences": seed_card_sequences}

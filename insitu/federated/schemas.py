@@ -175,6 +175,7 @@ class TrainMetrics(Doc):
     resumed_from_step: float | None = None
     global_steps: float | None = None
     ranks: float | None = None
+    replicas: float | None = None  # data-parallel replicas among the ranks (a pipeline's stages share one)
 
 
 class StateManifest(Doc):

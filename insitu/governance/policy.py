@@ -88,7 +88,7 @@ permit (
 )
 when {
   context.purpose == "fraud-detection" &&
-  ["single", "ddp"].contains(context.strategy) &&
+  ["single", "ddp", "fsdp", "pipeline", "hybrid"].contains(context.strategy) &&
   ["fedavg", "fedprox", "fedadam", "fedyogi", "fedadagrad", "median", "trimmed_mean"].contains(context.aggregator) &&
   ["tabular_mlp", "fraud_mlp"].contains(context.model) &&
   context.rounds <= 50
@@ -103,9 +103,24 @@ permit (
 )
 when {
   context.purpose == "digit-recognition" &&
-  ["single", "ddp"].contains(context.strategy) &&
+  ["single", "ddp", "fsdp", "pipeline", "hybrid"].contains(context.strategy) &&
   ["fedavg", "fedprox", "fedadam", "fedyogi", "fedadagrad", "median", "trimmed_mean"].contains(context.aggregator) &&
   ["tabular_mlp", "examples.models:residual_mlp"].contains(context.model) &&
+  context.rounds <= 50
+};
+
+// The sequence example: a transformer over each card's recent transactions, for the same purpose.
+@id("data-scientists-card-sequences")
+permit (
+  principal in Insitu::Role::"data-scientist",
+  action in [Insitu::Action::"prepare", Insitu::Action::"train", Insitu::Action::"evaluate"],
+  resource == Insitu::Dataset::"card_sequences"
+)
+when {
+  context.purpose == "fraud-detection" &&
+  ["single", "ddp", "fsdp", "pipeline", "hybrid"].contains(context.strategy) &&
+  ["fedavg", "fedprox", "fedadam", "fedyogi", "fedadagrad", "median", "trimmed_mean"].contains(context.aggregator) &&
+  ["sequence_transformer", "tabular_mlp"].contains(context.model) &&
   context.rounds <= 50
 };
 

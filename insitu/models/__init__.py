@@ -18,6 +18,7 @@ here plus its entry in ``MODELS``.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,9 +69,17 @@ class Standardized(nn.Module):
         self.register_buffer("out_scale", torch.tensor(float(norm.out_scale)))
         self.core = core
         self.n_outputs = n_outputs
+        # A pipeline stage (insitu/parallel/pipeline.py) holds a slice of the core: only the first stage reads
+        # raw features, only the last one produces the prediction.
+        self.first_stage = True
+        self.last_stage = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = self.core((x - self.mean) / self.std)
+        # Back to the input's dtype: under bf16 mixed precision the input arrives as bf16 and the fp32
+        # buffers would otherwise promote it to fp32 ahead of bf16 weights.
+        z = self.core(((x - self.mean) / self.std).to(x.dtype) if self.first_stage else x)
+        if not self.last_stage:
+            return z
         if self.n_outputs == 1 and z.dim() == 2:
             z = z.squeeze(-1)
         return z * self.out_scale + self.out_shift
@@ -79,7 +88,11 @@ class Standardized(nn.Module):
 def model_factory(cfg: ModelConfig) -> tuple[ModelFactory, dict[str, Any]]:
     """The factory ``cfg`` names and the keyword arguments it is called with."""
     if cfg.name in MODELS:
-        return MODELS[cfg.name], {"hidden": list(cfg.hidden), "dropout": cfg.dropout, **cfg.options}
+        factory = MODELS[cfg.name]
+        # `hidden` and `dropout` are the MLP's own keys at the top of `model:`; other built-ins take `options`.
+        accepted = inspect.signature(factory).parameters
+        common = {k: v for k, v in (("hidden", list(cfg.hidden)), ("dropout", cfg.dropout)) if k in accepted}
+        return factory, {**common, **cfg.options}
     module, _, attr = cfg.name.partition(":")
     # Any exception, not only ImportError/AttributeError: a user's module that raises while it is imported (a
     # missing driver, a typo) must fail as a contract error naming the model too, not as a bare exception.

@@ -17,11 +17,17 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from insitu.parallel.types import CheckpointRef
 
 log = logging.getLogger(__name__)
+
+# Keys are the unwrapped model's parameter names, for the model and (flattened: `state.<fqn>.exp_avg`,
+# `param_groups.<fqn>.lr`) for the optimizer. Every strategy then writes the same keys for the same tensors,
+# whether a rank holds them whole (DDP), as a shard (FSDP: DTensor) or not at all (another pipeline stage's),
+# so DCP re-shards a checkpoint on load and a checkpoint written under one strategy resumes under another.
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def _distributed() -> bool:
@@ -49,7 +55,7 @@ class Checkpointer:
         """Collective: every rank calls it. Rank 0 publishes ``latest.json`` once all ranks saved."""
         step = progress["global_step"]
         rel = f"{self.ref.prefix}/step-{step:08d}"
-        model_sd, optim_sd = get_state_dict(model, opt)
+        model_sd, optim_sd = get_state_dict(model, opt, options=_OPTIONS)
         url = self.ref.store.full_url(rel)
         if self.ref.store.url.startswith("file://"):
             self.fs.makedirs(self.ref.store.path(rel), exist_ok=True)
@@ -73,10 +79,10 @@ class Checkpointer:
         latest = self.latest()
         if latest is None:
             return None
-        model_sd, optim_sd = get_state_dict(model, opt)
+        model_sd, optim_sd = get_state_dict(model, opt, options=_OPTIONS)
         state = {"model": model_sd, "optim": optim_sd}
         url = self.ref.store.full_url(latest["path"])
         dcp.load(state, storage_reader=FsspecReader(url, **self.ref.store.options), no_dist=not _distributed())
-        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"], options=_OPTIONS)
         log.info("resumed from %s (epoch %d, step %d)", url, latest["epoch"], latest["global_step"])
         return latest

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from insitu.config import TrainingConfig
+from insitu.parallel.state import named_parameters
+from insitu.parallel.types import StepFn
 
 if TYPE_CHECKING:
     from insitu.parallel.checkpoint import Checkpointer
@@ -40,16 +42,20 @@ def train_epochs(
     seed: int,
     world: int = 1,
     comm_seconds: Callable[[], float] | None = None,
-    on_step: Callable[[dict[str, float]], None] | None = None,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
     checkpointer: Checkpointer | None = None,
     proximal: tuple[dict[str, torch.Tensor], float] | None = None,
+    step: StepFn | None = None,
+    drop_last: bool = False,
 ) -> dict[str, float]:
-    """Train ``model`` (plain or DDP-wrapped) on this rank's rows for ``cfg.local_epochs`` epochs.
+    """Train ``model`` (what this rank's strategy made of it) on this rank's rows for ``cfg.local_epochs`` epochs.
 
-    ``x``/``y`` are this rank's rows already; ``loss_fn(outputs, y)`` is the task's loss. With ``proximal``
-    ``(reference_state, mu)`` the FedProx term ``mu/2 · ‖w − w_ref‖²`` is added to every step's loss. With a
-    ``checkpointer``, resumes from its newest
-    checkpoint and saves one every ``every_steps`` steps and at each epoch's end. Returns loss, steps,
+    ``x``/``y`` are this rank's rows already (``world`` is the number of data-parallel replicas: each takes
+    ``batch_size // world`` rows per step); ``loss_fn(outputs, y)`` is the task's loss, unless the strategy has
+    its own ``step`` (a pipeline: forward and backward through the stages). With ``proximal``
+    ``(reference_state, mu)`` the FedProx term ``mu/2 · ‖w − w_ref‖²`` adds its gradient to every step. With a
+    ``checkpointer``, resumes from its newest checkpoint and saves one every ``every_steps`` steps and at each
+    epoch's end. Returns loss (``loss_sum``/``loss_rows``: over the rows whose loss this rank saw), steps,
     throughput, communication time and the step it resumed from.
     """
     torch.manual_seed(seed)
@@ -59,44 +65,50 @@ def train_epochs(
     opt = make_optimizer(model, cfg)
     prox = None
     if proximal is not None:
-        from insitu.federated.aggregators.fedprox import proximal_term
+        from insitu.federated.aggregators.fedprox import ProximalGradient
 
-        # The round's global weights, on this rank's device, keyed as the (possibly wrapped) model names them.
-        ref = {k: v.to(dev) for k, v in proximal[0].items()}
-        prox = (ref, float(proximal[1]))
+        # The round's global weights, against this rank's parameters (whole, shard or stage) by their names.
+        prox = ProximalGradient(named_parameters(model), proximal[0], float(proximal[1]))
     local_batch = max(1, cfg.batch_size // world)
     resumed = checkpointer.restore(model, opt) if checkpointer else None
     start_epoch, start_batch = (resumed["epoch"], resumed["batch"]) if resumed else (0, 0)
     global_step = resumed["global_step"] if resumed else 0
     every = checkpointer.ref.every_steps if checkpointer else 0
     model.train()
-    steps, loss_sum, seen, step_time, ckpt_s = 0, 0.0, 0, 0.0, 0.0
+    steps, loss_rows, seen, step_time, ckpt_s = 0, 0, 0, 0.0, 0.0
+    loss_total = torch.zeros((), dtype=torch.float64, device=dev)
     t_start = time.perf_counter()
     for epoch in range(start_epoch, cfg.local_epochs):
         order = torch.from_numpy(np.random.default_rng([seed, epoch]).permutation(len(xt))).to(dev)
         # Every rank has the same number of rows (load_rank_part), so even the last, partial batch has the
         # same size on every rank and DDP stays in step.
-        starts = list(range(0, len(order), local_batch))
+        starts = [i for i in range(0, len(order), local_batch) if not drop_last or i + local_batch <= len(order)]
         for b, i in enumerate(starts):
             if epoch == start_epoch and b < start_batch:
                 continue  # done before the checkpoint we resumed from
             idx = order[i : i + local_batch]
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xt[idx]), yt[idx])
+            if step is not None:
+                loss = step(xt[idx], yt[idx])
+            else:
+                loss = loss_fn(model(xt[idx]), yt[idx])
+                loss.backward()
             if prox is not None:
-                loss = loss + proximal_term(getattr(model, "module", model), prox[0], prox[1])
-            loss.backward()
+                prox()
             opt.step()
             dt = time.perf_counter() - t0
             steps += 1
             step_time += dt
-            lv = loss.item()
-            loss_sum += lv * len(idx)
+            if loss is not None:
+                # Summed on the device: reading it every step (.item()) would make a GPU wait for each step.
+                loss_total += loss.detach().to(torch.float64) * len(idx)
+                loss_rows += len(idx)
             seen += len(idx)
             global_step += 1
-            if on_step is not None:
-                on_step({"step": float(global_step), "loss": lv, "step_s": dt})
+            if on_step is not None:  # "loss": a 0-d tensor (or nan); read it only when logging
+                on_step({"step": float(global_step), "loss": loss.detach() if loss is not None else float("nan"),
+                         "step_s": dt})
             end_of_epoch = b == len(starts) - 1
             # No checkpoint after the last step: the round's result is published right after, and a
             # re-run skips rounds whose update is already on the exchange.
@@ -107,8 +119,11 @@ def train_epochs(
                 checkpointer.save(model, opt, {"epoch": nxt[0], "batch": nxt[1], "global_step": global_step})
                 ckpt_s += time.perf_counter() - c0
     elapsed = time.perf_counter() - t_start - ckpt_s
+    loss_sum = float(loss_total)
     return {
-        "train_loss": loss_sum / max(seen, 1),
+        "train_loss": loss_sum / loss_rows if loss_rows else float("nan"),
+        "loss_sum": loss_sum,
+        "loss_rows": float(loss_rows),
         "steps": float(steps),
         "samples_per_s": seen * world / elapsed if elapsed > 0 else 0.0,
         "step_time_s": step_time / max(steps, 1),

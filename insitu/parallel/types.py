@@ -62,10 +62,24 @@ class TrainResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+# One training step on a batch: forward and backward, gradients left in the parameters. Returns the batch's
+# mean loss on a rank that computes it (a pipeline's last stage), None on one that does not.
+StepFn = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor | None"]
+
+
 @dataclass
 class Parallelized:
-    """What a strategy's ``parallelize(model, mesh, spec)`` returns: the module that trains, and a clock of
-    the seconds its collectives took (0 for strategies without any)."""
+    """What a strategy's ``parallelize(model, mesh, spec)`` returns.
+
+    ``module`` is what this rank's optimizer steps (the wrapped model, or a pipeline stage), ``comm_seconds`` a
+    clock of the seconds its collectives took (0 where they are not timed), ``step`` its own forward and
+    backward (None: ``loss_fn(module(x), y).backward()``), ``full_state`` a collective that returns the whole
+    model's state dict on global rank 0 (None: gathered from ``module``), and ``drop_last`` whether a batch
+    smaller than the others is skipped (a pipeline's micro-batch shapes are fixed at the first step).
+    """
 
     module: nn.Module
     comm_seconds: Callable[[], float] = lambda: 0.0
+    step: StepFn | None = None
+    full_state: Callable[[], dict[str, torch.Tensor]] | None = None
+    drop_last: bool = False

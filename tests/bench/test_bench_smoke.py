@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -53,6 +55,51 @@ def test_aggregators_prints_a_table_and_writes_json(tmp_path: Path) -> None:
             assert len(x["curve"]) == 2 and all(0 < v <= 1 for v in x["curve"])
             reached = [i + 1 for i, v in enumerate(x["curve"]) if v >= job["target"]]
             assert x["rounds_to_target"] == (reached[0] if reached else None)
+
+
+def test_strategies_prints_throughput_and_memory_tables(tmp_path: Path) -> None:
+    out_file = tmp_path / "strategies.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+    tiny = ["--rows", "1024", "--d-model", "16", "--n-heads", "2", "--n-layers", "2", "--batch", "64", "--repeat", "1",
+            "--bare-warmup-steps", "0"]
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "strategies.py"), *tiny, "--out", str(out_file)],
+                         env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    names = ["ddp", "fsdp", "pipeline", "hybrid"]
+    tables = [line for line in out.stdout.splitlines() if line.startswith("| ") and "strategy" not in line
+              and "---" not in line]
+    assert [r.split("|")[1].strip() for r in tables] == names * 2  # throughput, then memory
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r == json.loads(out_file.read_text())
+    rows = {x["strategy"]: x for x in r["strategies"]}
+    assert list(rows) == names
+    for x in rows.values():
+        assert x["insitu_samples_per_s"] > 0 and x["bare_samples_per_s"] > 0
+        assert 0 < x["ratio_min"] <= x["ratio_median"] <= x["ratio_max"]
+        # Both sides trained the same rows from the same weights: the same loss.
+        assert abs(x["insitu_train_loss"] - x["bare_train_loss"]) < 1e-3
+        # insitu's strategy and the bare script hold the same tensors on every rank.
+        assert x["bytes_per_rank"] == x["bare_bytes_per_rank"]
+    ddp = rows["ddp"]["bytes_per_rank_max"]
+    assert rows["fsdp"]["bytes_per_rank_max"] < ddp and rows["fsdp"]["target_met"]
+    assert rows["pipeline"]["bytes_per_rank_max"] < ddp
+    assert rows["hybrid"]["bytes_per_rank_max"] < rows["fsdp"]["bytes_per_rank_max"]
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_gpu_check_tiny_runs_on_cpu_under_torchrun(tmp_path: Path, strategy: str) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    out = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", str(REPO / "bench" / "gpu_check.py"),
+                          "--strategy", strategy, "--size", "tiny"],
+                         env=env, capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "tokens/s" in out.stdout and "MFU n/a" in out.stdout
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["strategy"] == strategy and r["ranks"] == 2 and r["backend"] == "gloo"
+    assert r["tokens_per_s"] > 0 and r["step_s"] > 0 and r["mfu"] is None
+    assert r["tokens_per_s"] == pytest.approx(16 * 2 * 8 / r["step_s"])
+    assert r["loss_last"] < r["loss_first"]  # it trains
 
 
 def test_async_vs_sync_prints_both_modes_at_the_same_versions(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ CONF = REPO / "conf"
 SITES = "sites.yaml"
 DATASETS = "datasets.yaml"
 TRAINING = "training/fraud.yaml"
+EU_WORKERS = "      local_workers: 4  # one rank per worker; a 2 x 2 hybrid mesh needs 4"  # as in conf/sites.yaml
 
 Mutation = Callable[[Path], None]
 
@@ -167,7 +168,7 @@ def test_config_hash_is_stable_and_tracks_training_values(conf_copy: Path) -> No
 
 def test_config_hash_tracks_edits_to_other_files(conf_copy: Path) -> None:
     base = load_conf("fraud", directory=conf_copy).config_hash()
-    _set(SITES, ("sites", 0, "dask", "local_workers"), 4)(conf_copy)
+    _set(SITES, ("sites", 0, "dask", "local_workers"), 6)(conf_copy)
     assert load_conf("fraud", directory=conf_copy).config_hash() != base
 
 
@@ -187,7 +188,7 @@ def test_unknown_dataset_is_reported() -> None:
     msg = str(info.value)
     assert str(CONF / DATASETS) in msg
     assert "key 'datasets.payments'" in msg
-    assert "defined: ['digits', 'fraud']" in msg
+    assert "defined: ['card_sequences', 'digits', 'fraud']" in msg
 
 
 # --------------------------------------------------------------------------- bad configs
@@ -226,7 +227,8 @@ BAD_CONFIGS = [
         TRAINING,
         _set(TRAINING, ("model", "name"), "resnet50"),
         "model.name",
-        "built in: ['fraud_mlp', 'tabular_mlp'], or your own factory as 'package.module:function'",
+        "built in: ['fraud_mlp', 'sequence_transformer', 'tabular_mlp'], or your own factory as "
+        "'package.module:function'",
         id="unknown-model",
     ),
     pytest.param(
@@ -553,8 +555,8 @@ DUPLICATE_KEYS = [
     pytest.param(TRAINING, "  lr: 0.003\n", "  lr: 0.003\n  lr: 0.3\n", "optimizer.lr", id="nested"),
     pytest.param(SITES, "    work_pool: insitu-us\n", "    work_pool: insitu-us\n    work_pool: insitu-eu\n",
                  "sites[1].work_pool", id="in-a-list-item"),
-    pytest.param(SITES, "      local_workers: 2\n    devices: cpu\n  - name: us\n",
-                 "      local_workers: 2\n      local_workers: 8\n    devices: cpu\n  - name: us\n",
+    pytest.param(SITES, f"{EU_WORKERS}\n    devices: cpu\n  - name: us\n",
+                 f"{EU_WORKERS}\n      local_workers: 8\n    devices: cpu\n  - name: us\n",
                  "sites[0].dask.local_workers", id="deep-in-a-list-item"),
     pytest.param(DATASETS, "        hour: {type: int, min: 0, max: 23}\n",
                  "        hour: {type: int, min: 0, max: 23}\n        hour: {type: float}\n",
@@ -635,7 +637,8 @@ def test_a_training_config_may_not_be_a_link_out_of_conf_training(conf_copy: Pat
 
 
 def test_an_unknown_training_name_lists_the_known_ones(conf_copy: Path) -> None:
-    with pytest.raises(ConfigError, match=r"holds no nope\.yaml \(it holds \['digits', 'fraud', 'fraud_single'\]\)"):
+    known = r"\['card_sequences', 'digits', 'fraud', 'fraud_single'\]"
+    with pytest.raises(ConfigError, match=rf"holds no nope\.yaml \(it holds {known}\)"):
         trusted_training("nope", conf_copy)
 
 
@@ -663,7 +666,7 @@ def test_a_dataset_is_named_by_a_plain_key_of_datasets_yaml(dataset: str) -> Non
         load_conf("fraud", dataset=dataset, directory=CONF)
     msg = str(info.value)
     assert str(CONF / DATASETS) in msg and "a run names a dataset by its key in datasets.yaml" in msg
-    assert "defined: ['digits', 'fraud']" in msg
+    assert "defined: ['card_sequences', 'digits', 'fraud']" in msg
 
 
 def test_a_dataset_key_that_no_run_could_name_is_refused(conf_copy: Path) -> None:

@@ -118,7 +118,7 @@ def test_frames_fit_the_digits_schema_and_each_site_keeps_a_test_split(
 
 # --------------------------------------------------------------------------- seeding by dataset
 def test_seed_refuses_a_dataset_without_example_data(file_conf: Path, tmp_path: Path) -> None:
-    assert sorted(SEEDERS) == ["digits", "fraud"]
+    assert sorted(SEEDERS) == ["card_sequences", "digits", "fraud"]
     path = file_conf / "datasets.yaml"
     data = yaml.safe_load(path.read_text())
     data["datasets"]["claims"] = data["datasets"]["fraud"]  # one's own dataset, however it looks
@@ -127,7 +127,7 @@ def test_seed_refuses_a_dataset_without_example_data(file_conf: Path, tmp_path: 
     with pytest.raises(ValueError) as info:
         seed(c)
     msg = str(info.value)
-    assert "'claims'" in msg and "['digits', 'fraud']" in msg and "insitu data put" in msg, msg
+    assert "'claims'" in msg and "['card_sequences', 'digits', 'fraud']" in msg and "insitu data put" in msg, msg
     assert not (tmp_path / "stores").exists()  # refused before any store was touched
     with pytest.raises(ValueError, match="insitu data put"):
         seeder_for("x" * 500)

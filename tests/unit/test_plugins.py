@@ -68,5 +68,5 @@ def test_the_shipped_seams_list_what_is_shipped() -> None:
 
     assert sorted(TASKS) == ["binary", "multiclass", "regression"]
     assert sorted(AGGREGATORS) == ["fedadagrad", "fedadam", "fedavg", "fedprox", "fedyogi", "median", "trimmed_mean"]
-    assert sorted(strategies()) == ["ddp", "single"]
-    assert sorted(MODELS) == ["fraud_mlp", "tabular_mlp"]
+    assert sorted(strategies()) == ["ddp", "fsdp", "hybrid", "pipeline", "single"]
+    assert sorted(MODELS) == ["fraud_mlp", "sequence_transformer", "tabular_mlp"]

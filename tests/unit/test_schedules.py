@@ -123,7 +123,7 @@ def test_validate_refuses_a_schedule_of_an_unknown_training(conf: Path) -> None:
         check_schedule(conf, "fraud", 2, ScheduleConfig(cron="0 3 * * 1", training="fraud_v2"))
     msg = str(info.value)
     assert f"{conf / 'datasets.yaml'}: key 'datasets.fraud.schedules[2].training'" in msg, msg
-    assert "fraud_v2.yaml" in msg and "['digits', 'fraud', 'fraud_single']" in msg, msg
+    assert "fraud_v2.yaml" in msg and "['card_sequences', 'digits', 'fraud', 'fraud_single']" in msg, msg
 
 
 def test_validate_refuses_a_training_that_does_not_load_with_the_dataset(conf: Path) -> None:

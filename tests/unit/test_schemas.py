@@ -109,7 +109,8 @@ def test_an_update_manifest_with_the_real_training_metrics_fits(tmp_path: Path, 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(64, 30)).astype(np.float32), (rng.random(64) < 0.2).astype(np.float32)
     metrics = train_epochs(model, x, y, conf.training, conf.task().loss({"pos_weight": 4.0}), seed=1)
-    metrics["ranks"] = 2.0  # what the ddp strategy adds
+    metrics.pop("loss_sum"), metrics.pop("loss_rows")  # rank_main reduces these into train_loss over the ranks
+    metrics["ranks"], metrics["replicas"] = 2.0, 2.0  # what rank_main adds
     assert set(metrics) <= set(TrainMetrics.model_fields)
     base = _ex(tmp_path, "coordinator").put_state("weights", round_name(0), ref, round=0)
     man = _ex(tmp_path, "eu").put_state("update", round_name(0), model.state_dict(), reference=ref, round=0,

@@ -17,7 +17,7 @@ from insitu.federated.aggregators.fedadagrad import FedAdagrad
 from insitu.federated.aggregators.fedadam import FedAdam
 from insitu.federated.aggregators.fedavg import FedAvg, fedavg
 from insitu.federated.aggregators.fedopt import FedOpt
-from insitu.federated.aggregators.fedprox import FedProx, proximal_term
+from insitu.federated.aggregators.fedprox import FedProx, ProximalGradient, proximal_term
 from insitu.federated.aggregators.fedyogi import FedYogi
 from insitu.federated.aggregators.median import Median
 from insitu.federated.aggregators.trimmed_mean import TrimmedMean
@@ -28,7 +28,7 @@ from insitu.plugins import named_subclasses
 AGGREGATORS: dict[str, type[Aggregator]] = named_subclasses(__name__, __path__, Aggregator)
 
 __all__ = ["AGGREGATORS", "Aggregator", "FedAdagrad", "FedAdam", "FedAvg", "FedOpt", "FedProx", "FedYogi", "Median",
-           "TrimmedMean", "Update", "build_aggregator", "fedavg", "proximal_term"]
+           "ProximalGradient", "TrimmedMean", "Update", "build_aggregator", "fedavg", "proximal_term"]
 
 
 def build_aggregator(

@@ -2,12 +2,13 @@
 
 The term ``mu/2 * ||w - w_global||^2`` keeps each site's weights near the round's global model, which limits
 client drift when the sites' data differ (non-IID). The server side is plain FedAvg; what changes is what sites
-are told to train with (``configure``) and the loss they add (:func:`proximal_term`).
+are told to train with (``configure``) and the loss they add (:func:`proximal_term`), or, equivalently and for
+any in-site strategy (a sharded or pipelined model), its gradient (:class:`ProximalGradient`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Annotated
 
 import torch
@@ -54,3 +55,42 @@ def proximal_term(model: nn.Module, reference: Mapping[str, torch.Tensor], mu: f
     if not terms:
         raise ValueError("the model has no trainable parameters")
     return (mu / 2) * torch.stack(terms).sum()
+
+
+class ProximalGradient:
+    """Adds the proximal term's gradient ``mu * (w - w_ref)`` to each parameter's gradient after backward.
+
+    The same update as adding :func:`proximal_term` to the loss, but it works on whatever each rank holds: a
+    whole model (DDP: the term's gradient is the same on every rank, so averaging keeps it), an FSDP shard (a
+    DTensor: the reference is sharded the same way once, here) or a pipeline stage (its own parameters only).
+    The reported training loss is then the task's loss alone.
+    """
+
+    def __init__(self, params: Iterable[tuple[str, nn.Parameter]], reference: Mapping[str, torch.Tensor],
+                 mu: float) -> None:
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        if mu < 0:
+            raise ValueError(f"proximal mu must be >= 0, got {mu}")
+        self.mu = mu
+        self.pairs: list[tuple[nn.Parameter, torch.Tensor]] = []
+        for name, w in params:
+            if not w.requires_grad:
+                continue
+            if name not in reference:
+                raise ValueError(f"the reference state has no parameter {name!r}; it is not this model's global state")
+            ref = reference[name].detach()
+            full_shape = w.shape  # a DTensor's shape is the unsharded one
+            if tuple(ref.shape) != tuple(full_shape):
+                raise ValueError(f"reference {name!r} has shape {tuple(ref.shape)}; the model's is {tuple(full_shape)}")
+            if isinstance(w, DTensor):  # collective over the parameter's mesh, once: every rank holds the same ref
+                ref = distribute_tensor(ref.to(device=w.device, dtype=w.dtype), w.device_mesh, w.placements)
+            else:
+                ref = ref.to(device=w.device, dtype=w.dtype)
+            self.pairs.append((w, ref))
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        for w, ref in self.pairs:
+            if w.grad is not None:
+                w.grad.add_(w.detach() - ref, alpha=self.mu)

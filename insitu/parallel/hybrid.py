@@ -1,0 +1,65 @@
+"""Strategy ``hybrid``: a 2-D device mesh, ``parallel.mesh`` (outermost dimension first).
+
+- ``{pp: P, dp_shard: S}``: P pipeline stages, each stage sharded with FSDP over S ranks (pipeline × data
+  parallel: the S replicas of the pipeline read different rows);
+- ``{dp_replicate: R, dp_shard: S}``: HSDP, FSDP within groups of S ranks and replicas across the R groups
+  (gradients reduce-scattered within a group, then all-reduced across groups);
+- all three: pipeline × HSDP.
+
+The sizes multiply to ``ranks_per_site``. Ranks of one data-parallel replica read the same rows; the replicas
+read different blocks of the site's split, as under DDP.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from insitu.config import TrainingConfig
+from insitu.models import Standardized
+from insitu.parallel.fsdp import apply_fsdp
+from insitu.parallel.pipeline import build_pipeline, check_pipeline
+from insitu.parallel.types import Parallelized, TrainSpec
+
+DISTRIBUTED = True  # ranks_per_site ranks on the site's Dask workers (or under torchrun)
+
+
+def mesh_dims(world: int, training: TrainingConfig) -> dict[str, int]:
+    return dict(training.parallel.mesh)
+
+
+def check_config(training: TrainingConfig) -> None:
+    mesh = training.parallel.mesh
+    if len(mesh) < 2:
+        raise ValueError(f"strategy 'hybrid' needs a 2-D mesh in parallel.mesh, e.g. {{pp: 2, dp_shard: 2}} or "
+                         f"{{dp_replicate: 2, dp_shard: 2}}; got {mesh or 'none'} (one dimension: use strategy "
+                         "pipeline or fsdp)")
+    if math.prod(mesh.values()) != training.ranks_per_site:
+        raise ValueError(f"parallel.mesh {mesh} has {math.prod(mesh.values())} ranks but ranks_per_site is "
+                         f"{training.ranks_per_site}; make them equal")
+    if "dp_replicate" in mesh and "dp_shard" not in mesh:
+        raise ValueError("parallel.mesh: dp_replicate needs dp_shard (HSDP replicates sharded groups); for "
+                         "pipeline × data parallel use {pp: P, dp_shard: S}")
+    if "pp" in mesh:
+        replicas = math.prod(v for k, v in mesh.items() if k.startswith("dp"))
+        check_pipeline(training, stages=mesh["pp"], replicas=replicas)
+
+
+def parallelize(model: nn.Module, mesh: DeviceMesh | None, spec: TrainSpec) -> Parallelized:
+    if mesh is None or mesh.mesh_dim_names is None:
+        raise ValueError("strategy 'hybrid' needs a named device mesh over the site's ranks")
+    names = mesh.mesh_dim_names
+    dp_names = tuple(n for n in names if n.startswith("dp"))
+    device = next(model.parameters()).device
+    fsdp = spec.training.parallel.fsdp
+    dp_mesh = mesh[dp_names] if dp_names else None
+    if "pp" not in names:  # HSDP
+        assert dp_mesh is not None
+        return Parallelized(apply_fsdp(model, dp_mesh, fsdp, device))
+    if not isinstance(model, Standardized):
+        raise TypeError("a pipeline splits an insitu model (models.build_model's Standardized)")
+    leader = dp_mesh is None or all(c == 0 for c in (dp_mesh.get_coordinate() or []))
+    wrap = (lambda stage: apply_fsdp(stage, dp_mesh, fsdp, device)) if dp_mesh is not None else None
+    return build_pipeline(model, mesh["pp"], spec, wrap_stage=wrap, is_replica_leader=leader)
