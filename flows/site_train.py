@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -9,6 +10,7 @@ from prefect import flow, get_run_logger
 from insitu.federated.kinds import COORDINATOR, async_update_limit
 from insitu.federated.paths import (
     ABORT,
+    ASYNC_STATE,
     GLOBAL_STATS,
     NEWEST,
     STOP,
@@ -82,6 +84,8 @@ def train_async(ctx: SiteContext, norm: dict[str, Any], val: tuple[Any, Any] | N
     seq = next_async_seq(ctx)  # a re-run of the job continues this site's numbering
     pushed, refusals_seen = 0, -1
     while True:
+        if pushed:  # one update in flight per site: the next one trains from the version its decision made
+            wait_for_decision(ctx, seq - 1, wait_timeout_s)
         waited = [(NEWEST, COORDINATOR), (ABORT, COORDINATOR)]
         if ex.wait_for_any(waited, wait_timeout_s) is None:
             raise TimeoutError(f"site {ctx.site}: no global version published after {wait_timeout_s:.0f}s")
@@ -108,6 +112,27 @@ def train_async(ctx: SiteContext, norm: dict[str, Any], val: tuple[Any, Any] | N
         train_async_update(ctx, seq, version, norm)
         seq, pushed = seq + 1, pushed + 1
     return pushed
+
+
+def wait_for_decision(ctx: SiteContext, seq: int, timeout_s: float, poll_s: float = 0.3) -> None:
+    """Wait until the coordinator decided this site's update ``seq`` (applied, buffered or refused), the job
+    reached its target version, or it was aborted; after ``timeout_s`` go on anyway.
+
+    Without it a site that trains faster than the coordinator decides queues updates that are stale by the time
+    they are read (measured on the local platform: most of them refused, the coordinator a queue behind).
+    """
+    ex = ctx.exchange
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ex.exists(ABORT, writer=COORDINATOR):
+            return
+        if ex.exists(ASYNC_STATE, writer=COORDINATOR) and \
+                ex.get_json(ASYNC_STATE, writer=COORDINATOR)["next_seq"].get(ctx.site, 0) > seq:
+            return
+        newest = ex.get_json(NEWEST, writer=COORDINATOR)
+        if newest["version"] >= newest["target"]:
+            return
+        time.sleep(poll_s)
 
 
 def next_async_seq(ctx: SiteContext) -> int:
