@@ -6,6 +6,7 @@ The coordinator sees aggregate statistics, model weights and metrics; never a ro
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -41,11 +42,14 @@ from tasks.context import actor_identity, ran_as
 from tasks.dispatch import failed, run_states, start_site_runs, wait_for_runs
 from tasks.evaluate import read_evaluations
 from tasks.federation import FederatedRounds, publish_global_stats, publish_initial_weights
+from tasks.federation_async import run_async, update_limit
 from tasks.registry import (
     finish_runs,
     gate_and_promote,
     load_champion,
+    log_async_version,
     log_figures,
+    log_phase_time,
     log_round,
     log_validation,
     logged_rounds,
@@ -199,6 +203,9 @@ def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> RoundsOutcome:
     progress = create_progress_artifact(progress=0.0, key="retrain-progress",
                                         description=f"federated rounds of job {job.job_id}")
     ex.delete(ABORT)  # a re-run of an aborted job starts clean
+    # When the phase started and when its last global model was made: the wall time of the job's updates,
+    # which is what sync and async mode are compared by (bench/async_vs_sync.py, tests/e2e/test_async.py).
+    marks = {"start": time.monotonic()}
     # Sites wait for each round's weights a little longer than the coordinator waits for them.
     wait_s = 2 * t.federation.round_deadline_s + 300
     ids = start_site_runs("site-train", {s: {**job.common, "wait_timeout_s": wait_s} for s in sites}, job.pools)
@@ -216,14 +223,27 @@ def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> RoundsOutcome:
         if result is not None:
             log_round(mlruns, rnd, result, logged)  # once per round and run, whichever attempt gets there
             update_progress_artifact(progress, progress=100.0 * (rnd + 1) / t.rounds)
+            marks["updates_done"] = time.monotonic()
         if val is not None:
             log_validation(mlruns, rnd, val, val_sites, logged)
             logger.info("global model %d: validation %s %.4f (from %s)", rnd, selection.metric.name, val.value,
                         val.sites)
 
-    aggregator = build_aggregator(t.aggregator.name, t.aggregator.options, max_update_norm=MAX_UPDATE_NORM)
+    def record_version(result: dict[str, Any]) -> None:  # async mode: one applied global version
+        log_async_version(mlruns, result, logged)
+        update_progress_artifact(progress, progress=100.0 * (result["round"] + 1) / t.rounds)
+        marks["updates_done"] = time.monotonic()
+
+    def record_validation(version: int, val: RoundValidation, val_sites: dict[str, dict[str, Any]]) -> None:
+        record(version, None, val, val_sites)
+
     try:
-        outcome = run_rounds(FederatedRounds(ex, sites, t, task, aggregator, alive, record), t.rounds, selection)
+        if t.federation.mode == "async":
+            outcome = run_async(ex, sites, t, task, selection, alive, job.audit, job.fr_id, record_version,
+                                record_validation)
+        else:
+            aggregator = build_aggregator(t.aggregator.name, t.aggregator.options, max_update_norm=MAX_UPDATE_NORM)
+            outcome = run_rounds(FederatedRounds(ex, sites, t, task, aggregator, alive, record), t.rounds, selection)
     except Exception as e:
         # Tell the sites to stop waiting for weights that will not come, and free their workers.
         ex.put_abort(f"{type(e).__name__}: {e}")
@@ -231,6 +251,10 @@ def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> RoundsOutcome:
         raise
     for s, why in failed(wait_for_runs(ids, job.params.phase_timeout_s)).items():
         logger.warning("site-train on %s did not complete: %s", s, why)
+    if "updates_done" in marks:
+        wall = marks["updates_done"] - marks["start"]
+        log_phase_time(mlruns["parent"], "updates_wall_s", wall)
+        logger.info("%s mode: %d global model(s) made in %.1fs", t.federation.mode, outcome.last, wall)
     logger.info("registering global model %d of %d: %s", outcome.selected, outcome.last, outcome.reason)
     job.audit.append("job.selected", job_id=job.job_id, flow_run_id=job.fr_id, round=outcome.selected,
                      last=outcome.last, reason=outcome.reason, stopped_early=outcome.stopped_early)
@@ -251,7 +275,7 @@ def evaluate(job: Job, sites: list[str], outcome: RoundsOutcome, features: list[
     bad = failed(wait_for_runs(ids, job.params.phase_timeout_s))
     eval_sites = [s for s in sites if s not in bad]
     _check_quorum("evaluate", eval_sites, bad, t.federation.min_sites, job.audit, job.job_id)
-    raw = read_evaluations(ex, eval_sites, t.rounds)
+    raw = read_evaluations(ex, eval_sites, t.rounds, update_limit(t))
     champ = {s: m[CHAMPION.name] for s, m in raw.items()} if champion else None
     return Evaluated(
         sites=eval_sites, raw={s: m[final] for s, m in raw.items()},

@@ -480,9 +480,64 @@ class AggregatorConfig(_Strict):
         return self
 
 
+# The aggregators whose only part in async mode is what sites train with (FedProx's proximal term, as in
+# FedAsync's paper); the server step is federation.asynchronous.algorithm's.
+ASYNC_SITE_AGGREGATORS = ("fedavg", "fedprox")
+
+
+class StalenessConfig(_Strict):
+    """How much an update trained from an older global version counts, s(τ) (Xie et al. 2019, §5.2), with τ the
+    staleness: ``constant`` 1; ``polynomial`` (1 + τ)^-a; ``hinge`` 1 up to τ = b, then 1 / (a·(τ − b) + 1)."""
+
+    function: Literal["constant", "polynomial", "hinge"] = "polynomial"
+    a: Annotated[float, Field(ge=0.0, le=100.0)] = 0.5
+    b: Annotated[int, Field(ge=0, le=10000)] = 4
+
+
+class AsyncConfig(_Strict):
+    """``federation.asynchronous``: the coordinator as a parameter server (used when ``federation.mode: async``).
+
+    ``fedasync`` mixes every accepted update into the global model at once, w ← (1 − α_t)·w + α_t·w_site with
+    α_t = alpha · s(staleness); ``fedbuff`` keeps ``buffer_size`` updates and then takes one server step,
+    w ← w + alpha · mean_i(s(staleness_i) · (w_site_i − w_base_i)). Either way one application is one new
+    global version, and an update whose staleness (newest version − the version it trained from) exceeds
+    ``max_staleness`` is refused: the site is told to refresh, and the refusal is audited.
+    """
+
+    algorithm: Literal["fedasync", "fedbuff"] = "fedasync"
+    alpha: Annotated[float, Field(gt=0.0, le=10.0)] = Field(
+        0.6, description="fedasync: the mixing weight (at most 1); fedbuff: the server learning rate")
+    staleness: StalenessConfig = StalenessConfig()
+    # fedasync ignores it (every update is applied at once); not an error, so that a config can switch algorithm.
+    buffer_size: Annotated[int, Field(ge=1, le=1000)] = Field(2, description="fedbuff: updates per server step")
+    max_staleness: Annotated[int, Field(ge=0, le=10000)] = Field(
+        4, description="refuse an update trained from a version more than this many versions old")
+
+    @model_validator(mode="after")
+    def _mixing(self) -> AsyncConfig:
+        if self.algorithm == "fedasync" and self.alpha > 1.0:
+            raise ValueError(f"fedasync mixes (1 - alpha)·w + alpha·w_site: alpha must be at most 1, got "
+                             f"{self.alpha:g} (a larger step is fedbuff's server learning rate)")
+        return self
+
+
 class FederationConfig(_Strict):
     min_sites: Annotated[int, Field(ge=1)] = 1
-    round_deadline_s: Annotated[float, Field(gt=0)] = 180.0
+    round_deadline_s: Annotated[float, Field(gt=0)] = Field(
+        180.0, description="sync: how long a round waits for updates; async: how long the coordinator waits for "
+                           "the next update before it gives up on the job")
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="sync: rounds (every site trains the same global model, the coordinator waits for "
+                            "them); async: sites train continuously and the coordinator applies updates as they "
+                            "arrive (see asynchronous); either way `rounds` counts the global versions made")
+    asynchronous: AsyncConfig = AsyncConfig()
+    # A test and benchmark knob, not a production setting: a site named here sleeps this long after training,
+    # before it publishes its update, so that one site is deliberately slow. A site reads its own entry from
+    # its own copy of the approved config, so the coordinator cannot slow a site down.
+    simulated_delay_s: Annotated[dict[Annotated[str, Field(pattern=SITE_NAME)],
+                                      Annotated[float, Field(ge=0.0, le=3600.0)]], Field(max_length=64)] = Field(
+        default_factory=dict, description="test/benchmark knob: {site: seconds} a site waits before publishing "
+                                          "each update (a deliberately slow site)")
 
 
 class SplitConfig(_Strict):
@@ -630,6 +685,23 @@ class TrainingConfig(_Strict):
         check = getattr(strategy_module(self.strategy), "check_config", None)
         if check is not None:
             check(self)  # ValueError naming the key and the fix
+        return self
+
+    @model_validator(mode="after")
+    def _async_mode(self) -> TrainingConfig:
+        """What async mode cannot do (yet), said at load time rather than found out mid-job."""
+        if self.federation.mode != "async":
+            return self
+        if self.aggregator.name not in ASYNC_SITE_AGGREGATORS:
+            raise _Refusal(f"federation.mode async combines updates with federation.asynchronous.algorithm; "
+                           f"aggregator {self.aggregator.name!r} is a synchronous round's: use one of "
+                           f"{list(ASYNC_SITE_AGGREGATORS)} (they only decide what sites train with)",
+                           at=("aggregator",))
+        if self.validation.select != "last" or self.validation.patience:
+            raise _Refusal("federation.mode async registers the last global version (sites validate only the "
+                           "versions they pull, so there is no complete history to pick the best from or to "
+                           "stop early on): set validation.select: last and validation.patience: 0",
+                           at=("validation",))
         return self
 
 
@@ -933,6 +1005,10 @@ def load_conf(
             )
     _check_task(train, ds, tpath, dataset)
     with_data = {s.site for s in ds.shards}
+    slow = [s for s in train.federation.simulated_delay_s if s not in sites.names]
+    if slow:
+        raise ConfigError(f"{tpath}: key 'federation.simulated_delay_s': unknown site(s) {slow}; sites.yaml "
+                          f"defines {sites.names}")
     if train.federation.min_sites > len(with_data):
         raise ConfigError(
             f"{tpath}: key 'federation.min_sites': {train.federation.min_sites} exceeds the "

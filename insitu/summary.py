@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from insitu.config import Conf
 from insitu.federated.exchange import Exchange
-from insitu.federated.paths import EVALUATION, PREPARE_STATS, update
+from insitu.federated.paths import EVALUATION, PREPARE_STATS, async_update, update
 
 if TYPE_CHECKING:
     from insitu.federated.coordinator import RoundsOutcome
@@ -95,6 +95,12 @@ def collect_identities(
         trained = [r for r in range(n_rounds) if ex.exists(update(r).manifest, writer=s)]
         if trained:
             steps["train"] = ex.get_json(update(trained[-1]).manifest, writer=s).get("ran_as")
+        elif ex.exists(async_update(0).manifest, writer=s):
+            # an async job's updates are numbered by the site, not by round: its last one
+            last = 0
+            while ex.exists(async_update(last + 1).manifest, writer=s):
+                last += 1
+            steps["train"] = ex.get_json(async_update(last).manifest, writer=s).get("ran_as")
         if s in eval_sites:
             steps["evaluate"] = ex.get_json(EVALUATION, writer=s).get("ran_as")
         out[s] = steps

@@ -48,23 +48,24 @@ def evaluate_weights(ctx: SiteContext, name: str, x: np.ndarray, y: np.ndarray, 
     return score(model, task, x, y, norm["loss_params"], max(MIN_ROWS, ctx.min_rows))
 
 
-def evaluations(ex: Exchange, sites: list[str], rounds: int) -> dict[str, dict[str, Any]]:
+def evaluations(ex: Exchange, sites: list[str], rounds: int, updates: int | None = None) -> dict[str, dict[str, Any]]:
     """Each site's ``metrics/evaluate.json`` (its ``models``), schema-checked, as the coordinator reads it.
 
-    First every site's bytes on the exchange are checked against its budgets for a job of ``rounds`` rounds: a
-    site over budget, or with objects outside the protocol, stops the job (ProtocolViolation) before anything
-    it wrote is read.
+    First every site's bytes on the exchange are checked against its budgets for a job of ``rounds`` rounds
+    (and ``updates`` updates per site, in async mode): a site over budget, or with objects outside the protocol,
+    stops the job (ProtocolViolation) before anything it wrote is read.
     """
     model_bytes = ex.get_json(global_weights(0).manifest, writer=COORDINATOR)["bytes"]
-    enforce_protocol(ex, site_budgets(rounds, int(model_bytes)), "evaluate")
+    enforce_protocol(ex, site_budgets(rounds, int(model_bytes), updates), "evaluate")
     return {s: ex.get_json(EVALUATION, writer=s)["models"] for s in sites}
 
 
 @task(task_run_name="read-evaluations")
-def read_evaluations(ex: Exchange, sites: list[str], rounds: int) -> dict[str, dict[str, Any]]:
+def read_evaluations(ex: Exchange, sites: list[str], rounds: int,
+                     updates: int | None = None) -> dict[str, dict[str, Any]]:
     """:func:`evaluations` on the coordinator, naming the sites that withheld metrics (too few test rows)."""
     logger = get_run_logger()
-    out = evaluations(ex, sites, rounds)
+    out = evaluations(ex, sites, rounds, updates)
     for s, models in out.items():
         held = sorted(n for n, m in models.items() if "withheld" in m)
         if held:

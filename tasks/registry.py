@@ -56,6 +56,9 @@ def flat_params(conf: Conf) -> dict[str, Any]:
         "task": t.task.name, "seed": t.seed, "strategy": t.strategy, "ranks_per_site": t.ranks_per_site,
         "model_options": t.model.options, "parallel": parallel_params(t),
         "min_sites": t.federation.min_sites, "round_deadline_s": t.federation.round_deadline_s,
+        "federation_mode": t.federation.mode,
+        **({"federation_async": t.federation.asynchronous.model_dump(mode="json")}
+           if t.federation.mode == "async" else {}),
         "config_hash": conf.config_hash(),
     }
 
@@ -141,6 +144,37 @@ def log_round(runs: dict[str, str], rnd: int, result: dict[str, Any],
             _log_metrics(client, runs[s], m, step=rnd)
     if rnd not in logged.get("parent", set()):
         _log_metrics(client, runs["parent"], {"sites_in_round": len(result["sites"])}, step=rnd)
+
+
+def log_async_version(runs: dict[str, str], result: dict[str, Any], logged: dict[str, set[int]] | None = None) -> None:
+    """Async mode: one applied global version as a step series (step = version). Each applied update's site
+    gets its training numbers and staleness/weight on its child run; the parent gets the version's staleness,
+    weight, bytes, the count per site and the refusals so far. Runs that already hold the step are skipped."""
+    client = MlflowClient()
+    logged = logged or {}
+    version = int(result["round"]) + 1
+    for s, m in result["site_metrics"].items():
+        if s in runs and version not in logged.get(s, set()):
+            _log_metrics(client, runs[s], {k: float(v) for k, v in m.items() if isinstance(v, int | float)},
+                         step=version)
+    if version in logged.get("parent", set()):
+        return
+    applied = result.get("applied") or []
+    stale = [float(e["staleness"]) for e in applied] or [0.0]
+    weights = [float(e["weight"]) for e in applied] or [0.0]
+    per_site = {f"async_from_{e['site']}": 0.0 for e in applied}
+    for e in applied:
+        per_site[f"async_from_{e['site']}"] += 1.0
+    _log_metrics(client, runs["parent"], {
+        "sites_in_round": len(result["sites"]), "async_updates": float(len(applied)),
+        "async_staleness": sum(stale) / len(stale), "async_staleness_max": max(stale),
+        "async_alpha": sum(weights) / len(weights), "async_update_bytes": float(result.get("update_bytes", 0)),
+        "async_refused_total": float(result.get("refused_total", 0)), **per_site}, step=version)
+
+
+def log_phase_time(run_id: str, name: str, seconds: float) -> None:
+    """A phase's wall time on the job's parent run (e.g. ``updates_wall_s``)."""
+    _log_metrics(MlflowClient(), run_id, {name: seconds})
 
 
 def log_validation(runs: dict[str, str], rnd: int, val: RoundValidation, per_site: dict[str, dict[str, Any]],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -10,7 +11,7 @@ from prefect import get_run_logger, task
 from insitu.config import TrainingConfig
 from insitu.federated.aggregators import build_aggregator
 from insitu.federated.kinds import COORDINATOR
-from insitu.federated.paths import global_weights, round_name, update
+from insitu.federated.paths import async_update, global_weights, round_name, update
 from insitu.parallel import CheckpointRef, DataRef, TrainSpec, train_site
 from tasks.context import SiteContext
 from tasks.retry import retry_if_transient
@@ -20,23 +21,12 @@ from tasks.retry import retry_if_transient
       task_run_name="train-{ctx.site}-round-{rnd}")
 def train_round(ctx: SiteContext, rnd: int, norm: dict[str, Any]) -> dict[str, Any]:
     """Train from the global weights of round ``rnd`` with the configured strategy; publish the update."""
-    logger = get_run_logger()
     t = ctx.conf.training
     state, manifest = ctx.exchange.get_state(global_weights(rnd), writer=COORDINATOR)
-    job_id = ctx.exchange.job_id
     # A retry of this task (or a re-run of the job) resumes from the round's newest checkpoint (in the site's
     # own store, named like the round's objects on the exchange).
-    ckpt = CheckpointRef(ctx.store, f"checkpoints/{job_id}/{round_name(rnd)}", t.checkpoint.every_steps) \
-        if t.checkpoint.enabled else None
-    spec = TrainSpec(training=t, task=ctx.conf.task(), n_features=len(norm["mean"]), state=state,
-                     loss_params=norm["loss_params"], seed=t.seed * 1000 + rnd,
-                     data=DataRef(ctx.store, ctx.conf.dataset_name, job_id, "train"), checkpoint=ckpt,
-                     site_options=site_options(t, rnd))
-    address = os.environ.get(ctx.conf.sites.site(ctx.site).dask.scheduler_env)
-    result = train_site(spec, address)
-    # The ranks read the site's prepared train split on the site's own Dask workers.
-    ctx.audit.append("data.read", what="prepared/train", job_id=job_id, flow_run_id=ctx.flow_run_id, round=rnd,
-                     rows=result.n_samples, strategy=t.strategy, ranks=t.ranks_per_site)
+    result = train_from(ctx, state, norm, seed=t.seed * 1000 + rnd, checkpoint=round_name(rnd), options_round=rnd,
+                        round=rnd)
     # Checked here against the global weights it was trained from (names, shapes, dtypes, finite, norm bound),
     # so that a bad update fails on its own site with the reason, before anything crosses; the coordinator
     # checks it again when it reads it.
@@ -44,11 +34,61 @@ def train_round(ctx: SiteContext, rnd: int, norm: dict[str, Any]) -> dict[str, A
         update(rnd), result.state, reference=state, round=rnd, n_samples=result.n_samples,
         base_sha256=manifest["sha256"], metrics=result.metrics, ran_as=ctx.ran_as,
     )
-    logger.info("site=%s round=%d strategy=%s ranks=%d samples=%d train_loss=%.4f samples/s=%.0f comm=%.3fs "
-                "resumed_from_step=%d update=%dB", ctx.site, rnd, t.strategy, t.ranks_per_site, result.n_samples,
-                result.metrics["train_loss"], result.metrics["samples_per_s"], result.metrics.get("comm_s", 0.0),
-                result.metrics.get("resumed_from_step", 0), published["bytes"])
+    _log_trained(ctx, f"round={rnd}", result, published)
     return published
+
+
+@task(retries=2, retry_delay_seconds=2, retry_condition_fn=retry_if_transient,
+      task_run_name="train-{ctx.site}-async-{seq}-from-v{version}")
+def train_async_update(ctx: SiteContext, seq: int, version: int, norm: dict[str, Any]) -> dict[str, Any]:
+    """Async mode: train this site's update ``seq`` from global version ``version``; publish it tagged with
+    that version (the coordinator measures its staleness against it)."""
+    t = ctx.conf.training
+    state, manifest = ctx.exchange.get_state(global_weights(version), writer=COORDINATOR)
+    # Seeds and checkpoints are keyed by the site's own sequence number: a retried or re-run update
+    # resumes its own checkpoint, and two updates from the same version do not train on the same shuffle.
+    result = train_from(ctx, state, norm, seed=t.seed * 1000 + 500 + seq, checkpoint=f"async-{seq:06d}",
+                        options_round=version, seq=seq, version=version)
+    published = ctx.exchange.put_state(
+        async_update(seq), result.state, reference=state, seq=seq, base_version=version,
+        n_samples=result.n_samples, base_sha256=manifest["sha256"], metrics=result.metrics, ran_as=ctx.ran_as,
+    )
+    _log_trained(ctx, f"async update={seq} from version={version}", result, published)
+    return published
+
+
+def train_from(ctx: SiteContext, state: dict[str, Any], norm: dict[str, Any], *, seed: int, checkpoint: str,
+               options_round: int, **audited: Any) -> Any:
+    """In-site training of ``state`` on this site's train split (the strategy's ranks on the site's Dask
+    workers), then the configured simulated delay; returns :func:`insitu.parallel.train_site`'s result."""
+    t = ctx.conf.training
+    job_id = ctx.exchange.job_id
+    ckpt = CheckpointRef(ctx.store, f"checkpoints/{job_id}/{checkpoint}", t.checkpoint.every_steps) \
+        if t.checkpoint.enabled else None
+    spec = TrainSpec(training=t, task=ctx.conf.task(), n_features=len(norm["mean"]), state=state,
+                     loss_params=norm["loss_params"], seed=seed,
+                     data=DataRef(ctx.store, ctx.conf.dataset_name, job_id, "train"), checkpoint=ckpt,
+                     site_options=site_options(t, options_round))
+    address = os.environ.get(ctx.conf.sites.site(ctx.site).dask.scheduler_env)
+    result = train_site(spec, address)
+    # The ranks read the site's prepared train split on the site's own Dask workers.
+    ctx.audit.append("data.read", what="prepared/train", job_id=job_id, flow_run_id=ctx.flow_run_id,
+                     rows=result.n_samples, strategy=t.strategy, ranks=t.ranks_per_site, **audited)
+    delay = t.federation.simulated_delay_s.get(ctx.site, 0.0)
+    if delay:  # the test/benchmark knob: this site is deliberately slow
+        get_run_logger().info("site=%s: simulated delay of %.1fs before publishing (federation.simulated_delay_s)",
+                              ctx.site, delay)
+        time.sleep(delay)
+    return result
+
+
+def _log_trained(ctx: SiteContext, what: str, result: Any, published: dict[str, Any]) -> None:
+    t = ctx.conf.training
+    get_run_logger().info(
+        "site=%s %s strategy=%s ranks=%d samples=%d train_loss=%.4f samples/s=%.0f comm=%.3fs resumed_from_step=%d "
+        "update=%dB", ctx.site, what, t.strategy, t.ranks_per_site, result.n_samples, result.metrics["train_loss"],
+        result.metrics["samples_per_s"], result.metrics.get("comm_s", 0.0), result.metrics.get("resumed_from_step", 0),
+        published["bytes"])
 
 
 def site_options(training: TrainingConfig, rnd: int) -> dict[str, float]:

@@ -509,7 +509,9 @@ class Platform:
                           [_bin("dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port), "--protocol", "tls",
                            # --no-dashboard still serves /health on 0.0.0.0: keep it on loopback too
                            "--no-dashboard", "--dashboard-address", "127.0.0.1:0"],
-                          self.dask_env(s.name), lambda p=port: _tcp_ok(p), account=acct)
+                          # The scheduler unpickles the task graphs (a rank's TrainSpec holds the training config):
+                          # it must import the same checkout as the workers, not whichever one is installed.
+                          {**self.dask_env(s.name), "PYTHONPATH": str(REPO)}, lambda p=port: _tcp_ok(p), account=acct)
             )
             comps.append(
                 Component(f"dask-workers-{s.name}",

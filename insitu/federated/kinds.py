@@ -65,16 +65,28 @@ def shown(text: object, quote: bool = True) -> str:
 VALIDATION_BYTES = 64 * KIB
 
 
-def site_budgets(rounds: int, model_bytes: int) -> dict[str, int]:
+def site_budgets(rounds: int, model_bytes: int, updates: int | None = None) -> dict[str, int]:
     """Per kind, the bytes one site may have on the exchange once ``rounds`` rounds were trained.
 
-    ``model_bytes`` is the size of the global model's state file. Kinds not named here (plan, weights,
-    summary, control, anything else) are the coordinator's alone: a site's budget for them is 0.
+    ``model_bytes`` is the size of the global model's state file; ``updates`` the number of updates a site
+    may publish (default: one per round; an async job's is :func:`async_update_limit`). Kinds not named here
+    (plan, weights, summary, control, anything else) are the coordinator's alone: a site's budget for them is 0.
     """
     per_update = UPDATE_BYTES_FACTOR * model_bytes + MAX_MANIFEST_BYTES
     # Metrics: the evaluation, plus one validation per global model (rounds 0 … rounds).
     metrics = SITE_BUDGETS["metrics"] + (max(rounds, 0) + 1) * VALIDATION_BYTES
-    return {**SITE_BUDGETS, "metrics": metrics, "update": max(rounds, 0) * per_update}
+    n = max(rounds, 0) if updates is None else max(updates, 0)
+    return {**SITE_BUDGETS, "metrics": metrics, "update": n * per_update}
+
+
+def async_update_limit(versions: int, buffer_size: int = 1) -> int:
+    """How many updates one site may push in an async job of ``versions`` global versions.
+
+    Every version takes ``buffer_size`` accepted updates (FedAsync: 1), so a site that alone made the whole job
+    pushes that many; twice as many, plus two, leaves room for refused and in-flight ones. A site stops
+    pushing at this limit (it knows it from its own copy of the config) and the coordinator budgets the same.
+    """
+    return 2 * max(versions, 1) * max(buffer_size, 1) + 2
 
 
 def check_budgets(ledger: Mapping[str, Mapping[str, int]], budgets: Mapping[str, int]) -> list[str]:

@@ -12,8 +12,9 @@ presence means the state is complete: waiting for a state, or asking whether it 
 manifest).
 
 Who writes what: the coordinator writes :data:`PLAN`, :data:`GLOBAL_STATS`, :func:`global_weights`,
-:func:`aggregator_state`, :data:`CHAMPION`, :data:`SUMMARY`, :data:`ABORT` and :data:`STOP`; each site writes
-its own :data:`PREPARE_STATS`, :func:`update`, :func:`validation` and :data:`EVALUATION`.
+:func:`aggregator_state`, :data:`CHAMPION`, :data:`SUMMARY`, :data:`ABORT` and :data:`STOP` (and in async mode
+:data:`NEWEST`, :data:`ASYNC_STATE`, :func:`async_buffer` and :func:`refresh`); each site writes its own
+:data:`PREPARE_STATS`, :func:`update` (async mode: :func:`async_update`), :func:`validation` and :data:`EVALUATION`.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from enum import StrEnum
 
 __all__ = [
     "ABORT",
+    "ASYNC_STATE",
     "CHAMPION",
     "EVALUATION",
     "GLOBAL_STATS",
     "MANIFEST_SUFFIX",
+    "NEWEST",
     "PLAN",
     "PREPARE_STATS",
     "STATE_SUFFIX",
@@ -36,7 +39,10 @@ __all__ = [
     "Kind",
     "State",
     "aggregator_state",
+    "async_buffer",
+    "async_update",
     "global_weights",
+    "refresh",
     "round_name",
     "update",
     "validation",
@@ -136,3 +142,29 @@ def update(r: int) -> State:
 def validation(r: int) -> Document:
     """A site's metrics of round ``r``'s global model on its validation split."""
     return Document(Kind.METRICS, f"validation-{round_name(r)}.json")
+
+
+# ------------------------------------------------------------------ async mode (federation.mode: async)
+# The coordinator's: the newest global version (what sites pull), its own state as a parameter server (a resumed
+# job continues from it), and per site the last refusal ("refresh": pull the newest version).
+NEWEST = Document(Kind.CONTROL, "newest.json")
+ASYNC_STATE = Document(Kind.CONTROL, "async-state.json")
+
+
+def refresh(site: str) -> Document:
+    """The coordinator's notice to ``site`` that its last refused update was too stale: refresh."""
+    return Document(Kind.CONTROL, f"refresh-{site}.json")
+
+
+def async_buffer(decisions: int) -> State:
+    """The parameter server's buffered deltas after its ``decisions``-th decision (FedBuff's buffer).
+
+    Named by the decision count, not overwritten in place: the state document written after it names the one
+    that goes with it, so a coordinator stopped between the two still finds a matching pair.
+    """
+    return weights(f"async-buffer-{decisions:06d}")
+
+
+def async_update(seq: int) -> State:
+    """A site's ``seq``-th update of an async job (its manifest names the global version it trained from)."""
+    return State(Kind.UPDATE, f"async-{seq:06d}")

@@ -51,7 +51,9 @@ JobId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,
 Ident = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,100}$")]  # shard ids, pools, users, versions
 # round-N: a global model (or a site's update); champion: the registry's; aggregator-round-N: what the aggregator
 # keeps after producing round N's global model (e.g. FedAdam's moments), for a resumed job to continue from.
-StateName = Annotated[str, StringConstraints(pattern=r"^(round-\d{4,5}|champion|aggregator-round-\d{4,5})$")]
+# async-N: a site's N-th update of an async job; async-buffer-N: the parameter server's buffer after decision N.
+StateName = Annotated[str, StringConstraints(
+    pattern=r"^(round-\d{4,5}|champion|aggregator-round-\d{4,5}|async-\d{6,7}|async-buffer-\d{6,7})$")]
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 Hash = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8,64}$")]
 Timestamp = Annotated[str, StringConstraints(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?(Z|[+-]\d\d:\d\d)?$")]
@@ -185,11 +187,27 @@ class StateManifest(Doc):
     created: Timestamp
 
 
+class AppliedUpdate(Doc):
+    """One site update that went into an async global version (or sits in the parameter server's buffer)."""
+
+    site: Site
+    seq: Annotated[int, Field(ge=0, le=10**6)]
+    base_version: Annotated[int, Field(ge=0, le=MAX_ROUNDS)]
+    staleness: Annotated[int, Field(ge=0, le=MAX_ROUNDS)]
+    weight: float  # FedAsync's α_t, FedBuff's s(τ)
+
+
+MAX_BUFFER = 1000
+AppliedList = Annotated[list[AppliedUpdate], Field(max_length=MAX_BUFFER)]
+
+
 class WeightsManifest(StateManifest):
     round: Annotated[int, Field(ge=0, le=MAX_ROUNDS + 1)] | None = None
     sites: Annotated[list[Site], Field(max_length=MAX_SITES)] | None = None
     n_samples: Count | None = None
     version: Ident | None = None  # the registry version of a champion
+    applied: AppliedList | None = None  # async mode: the updates this version was made of
+    decisions: Annotated[int, Field(ge=0, le=10**7)] | None = None  # async buffer: after which decision
 
     @model_validator(mode="after")
     def _round_matches_name(self) -> WeightsManifest:
@@ -209,6 +227,23 @@ class UpdateManifest(StateManifest):
     def _round_matches_name(self) -> UpdateManifest:
         if self.name != f"round-{self.round:04d}":
             raise ValueError(f"an update named {self.name} must be for round {self.name.removeprefix('round-')}")
+        return self
+
+
+class AsyncUpdateManifest(StateManifest):
+    """A site's update in an async job: its sequence number and the global version it trained from."""
+
+    seq: Annotated[int, Field(ge=0, le=10**6)]
+    base_version: Annotated[int, Field(ge=0, le=MAX_ROUNDS)]
+    n_samples: Annotated[int, Field(ge=MIN_ROWS, le=10**15)]  # an update from fewer rows describes them
+    base_sha256: Sha256
+    metrics: TrainMetrics = TrainMetrics()
+    ran_as: RanAs | None = None
+
+    @model_validator(mode="after")
+    def _seq_matches_name(self) -> AsyncUpdateManifest:
+        if self.name != f"async-{self.seq:06d}":
+            raise ValueError(f"an update named {self.name} must have seq {self.name.removeprefix('async-')}")
         return self
 
 
@@ -411,6 +446,36 @@ class Stop(Doc):
     reason: Text
 
 
+class Newest(Doc):
+    """``control/newest.json``: the newest global version of an async job (what a site pulls next)."""
+
+    version: Annotated[int, Field(ge=0, le=MAX_ROUNDS)]
+    sha256: Sha256
+    target: Annotated[int, Field(ge=1, le=MAX_ROUNDS)]  # the job ends at this version
+
+
+class AsyncState(Doc):
+    """``control/async-state.json``: the parameter server between two decisions, for a resumed coordinator."""
+
+    version: Annotated[int, Field(ge=0, le=MAX_ROUNDS)]
+    decisions: Annotated[int, Field(ge=0, le=10**7)]
+    next_seq: Annotated[dict[Site, Annotated[int, Field(ge=0, le=10**6)]], Field(max_length=MAX_SITES)]
+    refused: Annotated[dict[Site, Annotated[int, Field(ge=0, le=10**6)]], Field(max_length=MAX_SITES)]
+    buffer: AppliedList
+    buffer_state: StateName | None = None
+
+
+class Refresh(Doc):
+    """``control/refresh-<site>.json``: the coordinator refused the site's update ``seq``; pull ``version``."""
+
+    recipient: Site
+    seq: Annotated[int, Field(ge=0, le=10**6)]
+    base_version: Annotated[int, Field(ge=0, le=MAX_ROUNDS)]
+    version: Annotated[int, Field(ge=0, le=MAX_ROUNDS)]
+    staleness: Annotated[int, Field(ge=0, le=MAX_ROUNDS)]
+    reason: Text
+
+
 # ------------------------------------------------------------------ the protocol
 @dataclass(frozen=True)
 class Artefact:
@@ -426,7 +491,8 @@ class Artefact:
     schema: type[Doc] | None
 
 
-_STATE = r"(round-\d{4,5}|champion|aggregator-round-\d{4,5})"
+_STATE = r"(round-\d{4,5}|champion|aggregator-round-\d{4,5}|async-buffer-\d{6,7})"
+_ASYNC_UPDATE = r"async-\d{6,7}"
 ARTEFACTS: tuple[Artefact, ...] = (
     Artefact("plan", re.compile(r"plan\.json"), "coordinator", 256 * KIB, Plan),
     Artefact("stats", re.compile(r"prepare\.json"), "site", 64 * KIB, PrepareStats),
@@ -440,6 +506,12 @@ ARTEFACTS: tuple[Artefact, ...] = (
     Artefact("summary", re.compile(r"summary\.json"), "coordinator", 4 * MIB, Summary),
     Artefact("control", re.compile(r"abort\.json"), "coordinator", 8 * KIB, Abort),
     Artefact("control", re.compile(r"stop\.json"), "coordinator", 8 * KIB, Stop),
+    Artefact("update", re.compile(_ASYNC_UPDATE + r"\.manifest\.json"), "site", MAX_MANIFEST_BYTES,
+             AsyncUpdateManifest),
+    Artefact("update", re.compile(_ASYNC_UPDATE + r"\.pt"), "site", MAX_STATE_BYTES, None),
+    Artefact("control", re.compile(r"newest\.json"), "coordinator", 8 * KIB, Newest),
+    Artefact("control", re.compile(r"async-state\.json"), "coordinator", 256 * KIB, AsyncState),
+    Artefact("control", re.compile(r"refresh-[a-z][a-z0-9-]{0,30}\.json"), "coordinator", 8 * KIB, Refresh),
 )
 
 
@@ -477,7 +549,8 @@ def check_document(art: Artefact, data: bytes, where: str, *, job_id: str, write
     except ValidationError as e:
         raise ExchangeError(f"{where}: refused by the protocol: {explain(e)}") from None
     # A document says where it belongs; it must be where it is (no replaying another site's or job's).
-    claims = {"job_id": job_id, "writer": writer, "site": writer, "name": name.split(".", 1)[0]}
+    claims = {"job_id": job_id, "writer": writer, "site": writer, "name": name.split(".", 1)[0],
+              "recipient": name.split(".", 1)[0].removeprefix("refresh-")}  # a notice names whom it is for
     for field, expected in claims.items():
         if field in type(doc).model_fields and getattr(doc, field) != expected:
             raise ExchangeError(f"{where}: its {field!r} is {shown(getattr(doc, field))}, not {shown(expected)}")

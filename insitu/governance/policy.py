@@ -68,6 +68,8 @@ CEDAR_SCHEMA: dict[str, Any] = {
                     "task": {"type": "String"}, "model": {"type": "String"},
                     "rounds": {"type": "Long"}, "local_epochs": {"type": "Long"},
                     "ranks_per_site": {"type": "Long"}, "standing": {"type": "Bool"},
+                    # sync | async (federation.mode): a site may admit only synchronous rounds
+                    "federation": {"type": "String"},
                 }},
             }}
             for a in ("prepare", "train", "evaluate")
@@ -285,7 +287,7 @@ def job_context(training: Any) -> dict[str, Any]:
     return {"strategy": training.strategy, "aggregator": training.aggregator.name, "task": training.task.name,
             "model": training.model.name, "rounds": training.rounds,
             "local_epochs": training.local_epochs, "ranks_per_site": training.ranks_per_site,
-            "batch_size": training.batch_size}
+            "batch_size": training.batch_size, "federation": training.federation.mode}
 
 
 def decide(
@@ -338,7 +340,8 @@ def decide(
 
     ctx = {"purpose": req.purpose, "training": training, "standing": req.standing,
            **{k: context[k] for k in ("strategy", "aggregator", "task", "model", "rounds", "local_epochs",
-                                      "ranks_per_site")}}
+                                      "ranks_per_site")},
+           "federation": context.get("federation", "sync")}  # contexts made before async mode: sync
     result = cedarpy.is_authorized(
         {"principal": f'Insitu::Principal::"{who}"', "action": f'Insitu::Action::"{action}"',
          "resource": f'Insitu::Dataset::"{dataset}"', "context": ctx},

@@ -100,3 +100,16 @@ def test_gpu_check_tiny_runs_on_cpu_under_torchrun(tmp_path: Path, strategy: str
     assert r["tokens_per_s"] > 0 and r["step_s"] > 0 and r["mfu"] is None
     assert r["tokens_per_s"] == pytest.approx(16 * 2 * 8 / r["step_s"])
     assert r["loss_last"] < r["loss_first"]  # it trains
+
+
+def test_async_vs_sync_prints_both_modes_at_the_same_versions(tmp_path: Path) -> None:
+    rows = _run("async_vs_sync.py", "--smoke", tmp=tmp_path)
+    assert isinstance(rows, list) and [r["mode"] for r in rows] == ["sync", "async", "async", "async", "async"]
+    assert [r["versions"] for r in rows] == [2, 2, 2, 2, 6]
+    sync, *asyncs = rows
+    assert sync["applied"] == 2 * 3 and sync["refused"] == 0  # --smoke: 2 rounds of 3 sites
+    for r in rows:
+        assert r["wall_s"] > 0 and 0 < r["final_pr_auc"] <= 1
+    # the slow site (0.3 s per update) sets every sync round's pace; async does not wait for it
+    assert sync["wall_s"] >= 2 * 0.3
+    assert all(r["wall_s"] < sync["wall_s"] for r in asyncs[:3])

@@ -376,6 +376,29 @@ TOP_LEVEL_CHECKS = [
         "set ranks_per_site: 1",
         id="single-strategy-with-two-ranks",
     ),
+    pytest.param(
+        TRAINING,
+        _edit(TRAINING, lambda d: d.update(federation={"mode": "async"}, validation={"select": "last"},
+                                           aggregator="fedadam")),
+        "aggregator'",
+        "is a synchronous round's",
+        id="async-with-a-round-aggregator",
+    ),
+    pytest.param(
+        TRAINING,
+        _edit(TRAINING, lambda d: d.update(federation={"mode": "async"})),
+        "validation'",
+        "set validation.select: last",
+        id="async-selects-the-last-version",
+    ),
+    pytest.param(
+        TRAINING,
+        _edit(TRAINING, lambda d: d.update(federation={"mode": "async", "asynchronous": {"alpha": 2.0}},
+                                           validation={"select": "last"})),
+        "federation.asynchronous'",
+        "alpha must be at most 1",
+        id="fedasync-alpha-above-one",
+    ),
 ]
 
 
@@ -692,3 +715,25 @@ def test_a_nullable_number_feature_is_refused_because_nothing_imputes_it() -> No
         SchemaConfig.model_validate({"id": "id", "label": "y", "columns": cols})
     cols["age"] = {"type": "category", "values": ["young", "old"], "nullable": True}  # all-zero one-hot: fine
     SchemaConfig.model_validate({"id": "id", "label": "y", "columns": cols})
+
+
+def test_async_mode_and_its_keys_load(conf_copy: Path) -> None:
+    _edit(TRAINING, lambda d: d.update(
+        federation={"mode": "async", "min_sites": 2, "simulated_delay_s": {"us": 2.5},
+                    "asynchronous": {"algorithm": "fedbuff", "buffer_size": 3, "alpha": 1.5, "max_staleness": 1,
+                                     "staleness": {"function": "hinge", "a": 2, "b": 1}}},
+        validation={"select": "last"}))(conf_copy)
+    f = load_conf("fraud", directory=conf_copy).training.federation
+    assert f.mode == "async" and f.simulated_delay_s == {"us": 2.5}
+    assert f.asynchronous.algorithm == "fedbuff" and f.asynchronous.buffer_size == 3
+    assert f.asynchronous.staleness.function == "hinge" and f.asynchronous.max_staleness == 1
+
+
+def test_the_default_mode_is_sync() -> None:
+    assert load_conf("fraud", directory=CONF).training.federation.mode == "sync"
+
+
+def test_a_simulated_delay_names_known_sites(conf_copy: Path) -> None:
+    _edit(TRAINING, lambda d: d["federation"].update(simulated_delay_s={"mars": 1.0}))(conf_copy)
+    msg = _load_error(conf_copy)
+    assert "federation.simulated_delay_s" in msg and "unknown site(s) ['mars']" in msg

@@ -19,9 +19,11 @@ from insitu.federated.exchange import Exchange
 from insitu.federated.kinds import COORDINATOR, KINDS, ExchangeError
 from insitu.federated.paths import (
     ABORT,
+    ASYNC_STATE,
     CHAMPION,
     EVALUATION,
     GLOBAL_STATS,
+    NEWEST,
     PLAN,
     PREPARE_STATS,
     STOP,
@@ -30,7 +32,10 @@ from insitu.federated.paths import (
     Kind,
     State,
     aggregator_state,
+    async_buffer,
+    async_update,
     global_weights,
+    refresh,
     round_name,
     update,
     validation,
@@ -56,6 +61,11 @@ ENTRIES: dict[str, tuple[Callable[[int], Document | State], str]] = {
     "EVALUATION": (lambda r: EVALUATION, SITE),
     "update": (update, SITE),
     "validation": (validation, SITE),
+    "NEWEST": (lambda r: NEWEST, COORDINATOR),
+    "ASYNC_STATE": (lambda r: ASYNC_STATE, COORDINATOR),
+    "refresh": (lambda r: refresh(SITE), COORDINATOR),
+    "async_buffer": (async_buffer, COORDINATOR),
+    "async_update": (async_update, SITE),
 }
 
 

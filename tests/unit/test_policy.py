@@ -186,3 +186,25 @@ def test_a_job_id_belongs_to_the_request_that_first_ran_it(policy: SitePolicy, k
     assert not d.allowed and "first admitted here for training 'other'" in d.reason
     assert job_owner_refusal(run(policy, signed(keys)), first, "fraud").allowed  # a resumed job
     assert job_owner_refusal(run(policy, approval), None, "fraud").allowed  # the first time
+
+
+def test_both_federation_modes_are_admitted_by_default_and_a_site_may_refuse_async(policy: SitePolicy,
+                                                                                   keys: Path) -> None:
+    assert run(policy, signed(keys), context={**CTX, "federation": "async"}).allowed
+    assert run(policy, signed(keys), context={**CTX, "federation": "sync"}).allowed
+    cedar = policy.cedar + '\n@id("sync-rounds-only")\nforbid (principal, action, resource) ' \
+        'when { context.federation == "async" };'
+    strict = policy.model_copy(update={"cedar": cedar})
+    d = run(strict, signed(keys), context={**CTX, "federation": "async"})
+    assert not d.allowed and d.rule == "sync-rounds-only", d.reason
+    assert run(strict, signed(keys), context={**CTX, "federation": "sync"}).allowed
+    assert run(strict, signed(keys)).allowed  # a context without the attribute is a sync job's
+
+
+def test_the_job_context_carries_the_federation_mode() -> None:
+    from insitu.config import TrainingConfig
+    from insitu.governance.policy import job_context
+
+    assert job_context(TrainingConfig())["federation"] == "sync"
+    t = TrainingConfig.model_validate({"federation": {"mode": "async"}, "validation": {"select": "last"}})
+    assert job_context(t)["federation"] == "async"
