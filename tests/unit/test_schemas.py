@@ -165,3 +165,27 @@ def test_the_abort_marker_fits(tmp_path: Path) -> None:
     _ex(tmp_path, "coordinator").put_abort("QuorumError: round 2: quorum not met")
     assert _ex(tmp_path, "eu").get_json("control", "abort.json", writer="coordinator") == {
         "reason": "QuorumError: round 2: quorum not met"}
+
+
+def test_a_read_survives_the_object_being_replaced_between_open_and_read(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """s3fs pins an object's ETag at open; a writer replacing it before the read raises FileExpired (EBUSY).
+    The coordinator rewrites its async state while sites poll it: the read opens the object again."""
+    from s3fs.utils import FileExpired
+
+    coord = _ex(tmp_path, "coordinator")
+    coord.put_abort("x")
+    real_open, calls = coord.fs.open, []
+
+    def flaky_open(path: str, mode: str = "rb", **kw: object) -> object:
+        calls.append(path)
+        if len(calls) == 1:
+            raise FileExpired(path, "etag-before")
+        return real_open(path, mode, **kw)
+
+    site = _ex(tmp_path, "eu")
+    monkeypatch.setattr(site.fs, "open", flaky_open)
+    from insitu.federated.paths import ABORT
+
+    assert site.get_json(ABORT, writer="coordinator")["reason"] == "x"
+    assert len(calls) == 2
