@@ -44,7 +44,8 @@ class RoundResult:
                 "rejected": self.rejected}
 
 
-def _alive(is_alive: Callable[[str], bool], site: str) -> bool:
+def site_alive(is_alive: Callable[[str], bool], site: str) -> bool:
+    """``is_alive(site)``, and True when the orchestrator cannot tell (keep waiting until the deadline)."""
     try:
         return is_alive(site)
     except Exception:  # the orchestrator did not answer: keep waiting until the deadline
@@ -76,7 +77,7 @@ def collect(
             break
         # Asking the orchestrator whether a site's run ended is costlier than a HEAD on the exchange.
         if is_alive is not None and time.monotonic() >= next_liveness:
-            if not any(_alive(is_alive, s) for s in pending):
+            if not any(site_alive(is_alive, s) for s in pending):
                 # A site may have published and then ended between our look and its end: look once more.
                 arrived += [s for s in pending if ex.exists(doc, writer=s)]
                 break

@@ -33,6 +33,7 @@ from insitu.federated.asynchronous.base import AsyncAlgorithm, Decision, Receipt
 from insitu.federated.exchange import Exchange, enforce_protocol
 from insitu.federated.kinds import COORDINATOR, MAX_UPDATE_NORM, ExchangeError, site_budgets
 from insitu.federated.paths import ASYNC_STATE, NEWEST, async_buffer, async_update, global_weights, refresh, weights
+from insitu.federated.rounds import site_alive as _alive
 
 log = logging.getLogger(__name__)
 
@@ -255,10 +256,3 @@ class ParameterServer:
     def _n_samples(self, site: str, seq: int) -> int:
         return int(self.ex.get_json(async_update(seq).manifest, writer=site)["n_samples"])
 
-
-def _alive(is_alive: Callable[[str], bool], site: str) -> bool:
-    try:
-        return is_alive(site)
-    except Exception:  # the orchestrator did not answer: keep waiting until the deadline
-        log.warning("could not tell whether %s's run is alive; still waiting for it", site, exc_info=True)
-        return True
