@@ -664,10 +664,12 @@ class TrainingConfig(_Strict):
     @field_validator("strategy")
     @classmethod
     def _strategy(cls, v: str) -> str:
-        from insitu.parallel.strategies import strategies  # the one list of strategies
+        from insitu.parallel.strategies import strategies, strategy_module  # the one list of strategies
 
-        if v not in strategies():
-            raise ValueError(f"unknown strategy {v!r}; known: {sorted(strategies())}")
+        try:
+            strategy_module(v)  # imports only that strategy's module
+        except ValueError:
+            raise ValueError(f"unknown strategy {v!r}; known: {sorted(strategies())}") from None
         return v
 
     @field_validator("ranks_per_site")

@@ -21,7 +21,14 @@ def strategies() -> dict[str, ModuleType]:
 
 
 def strategy_module(name: str) -> ModuleType:
-    found = strategies()
-    if name not in found:
-        raise ValueError(f"strategy {name!r} is not available; have {sorted(found)}")
-    return found[name]
+    """The strategy ``name``. Only its own module is imported: listing them all imports every module of
+    ``insitu/parallel`` (checkpointing, pipelining: about 2 s), which every config load would pay; the full
+    list is made only to say which names exist when ``name`` is not one."""
+    import importlib
+    import importlib.util
+
+    if name.isidentifier() and importlib.util.find_spec(f"insitu.parallel.{name}") is not None:
+        module = importlib.import_module(f"insitu.parallel.{name}")
+        if hasattr(module, "parallelize") and hasattr(module, "DISTRIBUTED"):
+            return module
+    raise ValueError(f"strategy {name!r} is not available; have {sorted(strategies())}")
