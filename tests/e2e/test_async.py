@@ -40,9 +40,12 @@ def _config(directory: Path, conf_dir: Path, mode: str) -> str:
                registry={"model_name": f"insitu-fraud-{mode}-e2e"}, validation={"select": "last"})
     cfg["federation"] = {"min_sites": 2, "round_deadline_s": 120, "mode": mode,
                          "simulated_delay_s": {SLOW: DELAY_S},
-                         # max_staleness 1: the fast sites' updates (0 or 1 version behind) are applied, the slow
-                         # site's (several versions behind by the time it pushes) refused.
-                         "asynchronous": {"algorithm": "fedasync", "alpha": 0.6, "max_staleness": 1,
+                         # max_staleness 0: only an update trained from the newest version is applied. A site pulls
+                         # the newest version as soon as its last update is decided, so the two fast sites keep
+                         # training from the same version at once and the later of each pair is refused, whatever
+                         # the timing. (max_staleness 1 relied on the slow site falling 2 versions behind during
+                         # its delay; on a loaded 2-core CI machine the fast sites were at times too slow for that.)
+                         "asynchronous": {"algorithm": "fedasync", "alpha": 0.6, "max_staleness": 0,
                                           "staleness": {"function": "polynomial", "a": 0.5}}}
     path = directory / f"e2e-fraud_{mode}-{uuid.uuid4().hex[:6]}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -109,17 +112,16 @@ def test_a_too_stale_update_is_refused_audited_and_the_site_told(deployed: Platf
     job_id = jobs["async"]["job_id"]
     refused = [e["fields"] for e in read_events(deployed.audit_log("coordinator"))
                if e["event"] == "update.refused" and e["fields"].get("job_id") == job_id]
-    # Whose: the slow site's (several versions behind when it pushes) and the fast sites' that lost a race, as the
-    # timing goes; with 3 sites racing at max_staleness 1 there are always some.
+    # Whose is up to the timing: each race between two sites training from the same version loses one.
     assert refused, "no update was refused"
     for r in refused:
-        assert r["staleness"] > 1 and "exceeds max_staleness 1" in r["reason"]
+        assert r["staleness"] >= 1 and "exceeds max_staleness 0" in r["reason"], r
     site = refused[-1]["site"]
     notice = json.loads(_exchange(deployed).cat(
         f"insitu-exchange/jobs/{job_id}/control/coordinator/refresh-{site}.json"))
     # the notice is the site's latest refusal
     assert notice["recipient"] == site and notice["seq"] == max(r["seq"] for r in refused if r["site"] == site)
-    assert notice["staleness"] > 1 and notice["reason"] == refused[-1]["reason"]
+    assert notice["staleness"] >= 1 and notice["reason"] == refused[-1]["reason"]
     assert verify(deployed.audit_log("coordinator"), deployed.audit_key("coordinator")).ok
 
 
