@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from insitu.config import TrainingConfig
 from insitu.data.loader import load_rank_part_cached
 from insitu.models import build_model
+from insitu.parallel.allocator import training_allocator
 from insitu.parallel.checkpoint import Checkpointer
 from insitu.parallel.loop import train_epochs
 from insitu.parallel.state import local_full_state
@@ -52,7 +53,15 @@ def data_replica(mesh: DeviceMesh | None) -> tuple[int, int]:
 
 
 def rank_main(rank: int, world: int, spec: TrainSpec) -> TrainResult | None:
-    """Train this rank's part; rank 0 returns the result. In a process group when ``world > 1``."""
+    """Train this rank's part; rank 0 returns the result. In a process group when ``world > 1``.
+
+    On a Dask worker the allocator is tuned for training while it runs (:mod:`insitu.parallel.allocator`).
+    """
+    with training_allocator():
+        return _rank_main(rank, world, spec)
+
+
+def _rank_main(rank: int, world: int, spec: TrainSpec) -> TrainResult | None:
     strategy = strategy_module(spec.training.strategy)
     distributed = dist.is_available() and dist.is_initialized()
     nccl = distributed and dist.get_backend() == "nccl"

@@ -1,0 +1,59 @@
+"""The allocator tuning a training rank gets on a Dask worker (``insitu.parallel.allocator``), measured in a real
+process started with Dask's nanny environment: page faults of a 1 MiB tensor allocated, filled and freed again and
+again, before, inside and after ``training_allocator``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import dask
+import distributed  # noqa: F401  (its config holds the nanny's environment)
+import pytest
+
+SCRIPT = r"""
+import json, resource, torch
+from insitu.parallel.allocator import training_allocator
+
+def faults(n=200):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(n):
+        t = torch.empty(262144)  # 1 MiB: over the 128 KiB mmap threshold the variable freezes
+        t.fill_(1.0)
+        del t
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+out = {"before": faults()}
+with training_allocator() as changed:
+    out["inside"], out["changed"] = faults(), changed
+out["after"] = faults()
+print(json.dumps(out))
+"""
+
+
+def _run(env: dict[str, str]) -> dict[str, int]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env={**base, **env}, capture_output=True, text=True,
+                         timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_dask_workers_trim_setting_is_lifted_while_training_and_put_back_after() -> None:
+    nanny_env = {k: str(v) for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()}
+    assert "MALLOC_TRIM_THRESHOLD_" in nanny_env  # what this tunes for: Dask's default, as the site workers get it
+    r = _run(nanny_env)
+    # Each 1 MiB tensor is a fresh mmap (256 pages faulted in) with the variable; reused heap inside.
+    assert r["changed"] is True
+    assert r["before"] > 200 * 200, r
+    assert r["inside"] < r["before"] / 10, r
+    assert r["after"] > 200 * 200, r  # the worker's own setting is back once training ends
+
+
+def test_a_process_that_fixed_nothing_is_left_to_glibc() -> None:
+    r = _run({})
+    assert r["changed"] is False
+    # glibc's dynamic threshold: after the first free the 1 MiB blocks come from the heap anyway
+    assert r["before"] < 200 * 50 and r["inside"] < 200 * 50, r
