@@ -766,19 +766,26 @@ class Platform:
         return stopped
 
     def _stop(self, names: list[str], timeout: float = 15.0) -> list[str]:
-        """Stop the named components that are running (workers first) with their children."""
+        """Stop the named components that are running, with their children: the Prefect workers first, then the
+        Dask workers, then the rest (servers). Each tier is signalled at once and waited for together, so a
+        component slow to exit costs its tier ``timeout`` once, not every component after it."""
         pids: dict[str, int] = self.state.get("pids", {})
-        order = sorted((n for n in names if n in pids),
-                       key=lambda n: (not n.startswith("worker-"), not n.startswith("dask-workers"), n))
+        tiers: dict[int, list[str]] = {}
+        for n in names:
+            if n in pids:
+                tiers.setdefault(0 if n.startswith("worker-") else 1 if n.startswith("dask-workers") else 2,
+                                 []).append(n)
         stopped = []
-        for name in order:
-            pid = pids[name]
-            if not self._is_ours(name):
-                continue
-            try:
-                procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-            except psutil.NoSuchProcess:
-                continue
+        for tier in sorted(tiers):
+            procs: list[psutil.Process] = []
+            for name in sorted(tiers[tier]):
+                if not self._is_ours(name):
+                    continue
+                try:
+                    procs += [psutil.Process(pids[name]), *psutil.Process(pids[name]).children(recursive=True)]
+                except psutil.NoSuchProcess:
+                    continue
+                stopped.append(name)
             for p in procs:
                 try:
                     p.send_signal(signal.SIGTERM)
@@ -786,14 +793,15 @@ class Platform:
                     pass
             _, alive = psutil.wait_procs(procs, timeout=timeout)
             for p in alive:
+                log.warning("pid %d still running %.0fs after SIGTERM: killed", p.pid, timeout)
                 try:
                     p.kill()
                 except psutil.NoSuchProcess:
                     pass
             psutil.wait_procs(alive, timeout=5)
-            if name in self._procs:
-                self._procs[name].wait(timeout=5)
-            stopped.append(name)
+            for name in tiers[tier]:
+                if name in self._procs:
+                    self._procs[name].wait(timeout=5)
         return stopped
 
     def apply_env(self, env: dict[str, str] | None = None) -> None:
