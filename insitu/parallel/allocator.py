@@ -16,27 +16,28 @@ glibc still adjusts its thresholds itself and this does nothing; nor where the C
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD = -1  # <malloc.h>
 M_MMAP_THRESHOLD = -3
-GLIBC_MMAP_THRESHOLD = 128 * 1024  # glibc's default (and its start when it adjusts the threshold itself)
+GLIBC_MMAP_THRESHOLD = 128 * 1024  # glibc's defaults (DEFAULT_MMAP_THRESHOLD_MIN, DEFAULT_TRIM_THRESHOLD)
+GLIBC_TRIM_THRESHOLD = 128 * 1024
 TRAINING_MMAP_THRESHOLD = 32 * 1024 * 1024  # DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: the dynamic threshold's cap
 TRAINING_TRIM_THRESHOLD = 2 * TRAINING_MMAP_THRESHOLD  # glibc keeps trim at twice mmap when it adjusts them
 
 
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    """The C library this process runs on, when it is glibc (the symbols already loaded: no ldconfig lookup)."""
     try:
-        libc = ctypes.CDLL(name)
+        libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version  # noqa: B018  (only glibc has it; musl and macOS's libc do not)
         libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
         libc.malloc_trim.argtypes = [ctypes.c_size_t]
@@ -45,9 +46,21 @@ def _glibc() -> ctypes.CDLL | None:
     return libc
 
 
-def _env_bytes(name: str, default: int) -> int:
+@functools.cache
+def _startup_env() -> dict[str, str]:
+    """The ``MALLOC_*`` variables this process was started with: what glibc read. ``os.environ`` can differ:
+    Dask's nanny puts its workers' variables into its own process's environment before it spawns them."""
     try:
-        return int(os.environ.get(name, default))
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
+    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
+    return {k: v for k, _, v in pairs if k.startswith("MALLOC_")}
+
+
+def _threshold(name: str, default: int) -> int:
+    try:
+        return int(_startup_env().get(name, ""), 0)  # glibc reads these as C numbers: 65536, 0x10000
     except ValueError:
         return default
 
@@ -58,18 +71,20 @@ def training_allocator() -> Iterator[bool]:
 
     Yields whether the thresholds were changed: only where the environment fixed them and the C library is glibc.
     """
-    fixed = any(os.environ.get(v) for v in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"))
+    fixed = any(_startup_env().get(v) for v in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"))
     libc = _glibc() if fixed else None
     if libc is None:
         yield False
         return
     changed = bool(libc.mallopt(M_MMAP_THRESHOLD, TRAINING_MMAP_THRESHOLD)) and \
         bool(libc.mallopt(M_TRIM_THRESHOLD, TRAINING_TRIM_THRESHOLD))
+    log.debug("allocator thresholds for training: mmap %d, trim %d (changed: %s)", TRAINING_MMAP_THRESHOLD,
+              TRAINING_TRIM_THRESHOLD, changed)
     try:
         yield changed
     finally:
-        # What the process had: the environment's values (Dask's nanny sets the trim one), else glibc's defaults
-        # (which are also what glibc starts from when only the other variable is set).
-        libc.mallopt(M_MMAP_THRESHOLD, _env_bytes("MALLOC_MMAP_THRESHOLD_", GLIBC_MMAP_THRESHOLD))
-        libc.mallopt(M_TRIM_THRESHOLD, _env_bytes("MALLOC_TRIM_THRESHOLD_", 2 * GLIBC_MMAP_THRESHOLD))
+        # What the process had: the values it was started with (Dask's nanny sets the trim one), else glibc's
+        # defaults, which is what it kept for the one not set.
+        libc.mallopt(M_MMAP_THRESHOLD, _threshold("MALLOC_MMAP_THRESHOLD_", GLIBC_MMAP_THRESHOLD))
+        libc.mallopt(M_TRIM_THRESHOLD, _threshold("MALLOC_TRIM_THRESHOLD_", GLIBC_TRIM_THRESHOLD))
         libc.malloc_trim(0)
