@@ -126,12 +126,16 @@ def wait_for_decision(ctx: SiteContext, seq: int, timeout_s: float, poll_s: floa
     while time.monotonic() < deadline:
         if ex.exists(ABORT, writer=COORDINATOR):
             return
-        if ex.exists(ASYNC_STATE, writer=COORDINATOR) and \
-                ex.get_json(ASYNC_STATE, writer=COORDINATOR)["next_seq"].get(ctx.site, 0) > seq:
-            return
         newest = ex.get_json(NEWEST, writer=COORDINATOR)
         if newest["version"] >= newest["target"]:
             return
+        if ex.exists(ASYNC_STATE, writer=COORDINATOR):
+            state = ex.get_json(ASYNC_STATE, writer=COORDINATOR)
+            # Decided, and the newest pointer caught up with the state: the coordinator writes the state before
+            # the pointer, so a site that pulled in between would retrain from the version its update replaced
+            # (and, at a low max_staleness, be refused for it).
+            if state["next_seq"].get(ctx.site, 0) > seq and newest["version"] >= state["version"]:
+                return
         time.sleep(poll_s)
 
 
