@@ -7,6 +7,7 @@ edit beside it. A module whose name ends in ``_test`` or starts with ``_`` is no
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 from collections.abc import Callable, Iterable
 from types import ModuleType
@@ -15,11 +16,14 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+def _is_implementation(name: str) -> bool:
+    return not name.endswith("_test") and not name.startswith("_")
+
+
 def modules_of(package: str, path: Iterable[str]) -> list[ModuleType]:
     """The modules of ``package`` (at ``path``, its ``__path__``), imported, in name order."""
     names = sorted(m.name for m in pkgutil.iter_modules(list(path)))
-    return [importlib.import_module(f"{package}.{n}") for n in names
-            if not n.endswith("_test") and not n.startswith("_")]
+    return [importlib.import_module(f"{package}.{n}") for n in names if _is_implementation(n)]
 
 
 def named_subclasses(package: str, path: Iterable[str], base: type[T]) -> dict[str, type[T]]:
@@ -47,6 +51,17 @@ def modules_with(package: str, path: Iterable[str], *attributes: str) -> dict[st
     """Module name → module, for the modules of the package that define every one of ``attributes``."""
     return {m.__name__.rsplit(".", 1)[-1]: m for m in modules_of(package, path)
             if all(hasattr(m, a) for a in attributes)}
+
+
+def module_with(package: str, name: str, *attributes: str) -> ModuleType | None:
+    """The one module ``name`` of the package, imported alone, when :func:`modules_with` would list it (an
+    implementation defining every one of ``attributes``); else None. For a lookup by name that should not pay
+    for importing every implementation."""
+    if not name.isidentifier() or not _is_implementation(name) or \
+            importlib.util.find_spec(f"{package}.{name}") is None:
+        return None
+    module = importlib.import_module(f"{package}.{name}")
+    return module if all(hasattr(module, a) for a in attributes) else None
 
 
 def functions_named_as_their_module(package: str, path: Iterable[str]) -> dict[str, Callable[..., object]]:

@@ -11,24 +11,25 @@ from __future__ import annotations
 import functools
 from types import ModuleType
 
+ATTRIBUTES = ("parallelize", "DISTRIBUTED")  # what makes a module of insitu/parallel a strategy
+
 
 @functools.cache
 def strategies() -> dict[str, ModuleType]:
     import insitu.parallel
     from insitu.plugins import modules_with
 
-    return modules_with("insitu.parallel", insitu.parallel.__path__, "parallelize", "DISTRIBUTED")
+    return modules_with("insitu.parallel", insitu.parallel.__path__, *ATTRIBUTES)
 
 
 def strategy_module(name: str) -> ModuleType:
     """The strategy ``name``. Only its own module is imported: listing them all imports every module of
     ``insitu/parallel`` (checkpointing, pipelining: about 2 s), which every config load would pay; the full
     list is made only to say which names exist when ``name`` is not one."""
-    import importlib
-    import importlib.util
+    import insitu.parallel
+    from insitu.plugins import module_with
 
-    if name.isidentifier() and importlib.util.find_spec(f"insitu.parallel.{name}") is not None:
-        module = importlib.import_module(f"insitu.parallel.{name}")
-        if hasattr(module, "parallelize") and hasattr(module, "DISTRIBUTED"):
-            return module
-    raise ValueError(f"strategy {name!r} is not available; have {sorted(strategies())}")
+    module = module_with(insitu.parallel.__name__, name, *ATTRIBUTES)
+    if module is None:
+        raise ValueError(f"unknown strategy {name!r}; known: {sorted(strategies())}")
+    return module

@@ -42,9 +42,10 @@ def _config(directory: Path, conf_dir: Path, mode: str) -> str:
                          "simulated_delay_s": {SLOW: DELAY_S},
                          # max_staleness 0: only an update trained from the newest version is applied. A site pulls
                          # the newest version as soon as its last update is decided, so the two fast sites keep
-                         # training from the same version at once and the later of each pair is refused, whatever
-                         # the timing. (max_staleness 1 relied on the slow site falling 2 versions behind during
-                         # its delay; on a loaded 2-core CI machine the fast sites were at times too slow for that.)
+                         # training from the same version at once and the later of each pair is refused (none at
+                         # all would need every update to land before the other fast site pulls). max_staleness 1
+                         # relied on the slow site falling 2 versions behind in its delay; on a loaded 2-core CI
+                         # machine the fast sites were at times too slow for that.
                          "asynchronous": {"algorithm": "fedasync", "alpha": 0.6, "max_staleness": 0,
                                           "staleness": {"function": "polynomial", "a": 0.5}}}
     path = directory / f"e2e-fraud_{mode}-{uuid.uuid4().hex[:6]}.yaml"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -70,3 +73,21 @@ def test_the_shipped_seams_list_what_is_shipped() -> None:
     assert sorted(AGGREGATORS) == ["fedadagrad", "fedadam", "fedavg", "fedprox", "fedyogi", "median", "trimmed_mean"]
     assert sorted(strategies()) == ["ddp", "fsdp", "hybrid", "pipeline", "single"]
     assert sorted(MODELS) == ["fraud_mlp", "sequence_transformer", "tabular_mlp"]
+
+
+def test_a_strategy_is_looked_up_by_the_same_rule_that_lists_them() -> None:
+    from insitu.parallel.strategies import strategy_module
+
+    for name in ("ddp", "fsdp", "pipeline", "hybrid", "single"):
+        assert strategy_module(name).__name__ == f"insitu.parallel.{name}"
+    # modules of insitu/parallel that are not strategies, and names that are not modules at all
+    for name in ("loop", "rank", "_private", "ddp_test", "../ddp", "nope"):
+        with pytest.raises(ValueError, match=rf"unknown strategy '{re.escape(name)}'; known: \['ddp', "):
+            strategy_module(name)
+    # Validating a config imports its own strategy only (every config load would pay for all of them).
+    out = subprocess.run([sys.executable, "-c", (
+        "import sys; from insitu.parallel.strategies import strategy_module; strategy_module('ddp'); "
+        "import json; print(json.dumps([m for m in sys.modules if m.startswith('insitu.parallel.')]))")],
+        capture_output=True, text=True, check=True, timeout=120)
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "insitu.parallel.ddp" in loaded and not {"insitu.parallel.pipeline", "insitu.parallel.fsdp"} & set(loaded)

@@ -33,7 +33,7 @@ from insitu.federated.asynchronous.base import AsyncAlgorithm, Decision, Receipt
 from insitu.federated.exchange import Exchange, enforce_protocol
 from insitu.federated.kinds import COORDINATOR, MAX_UPDATE_NORM, ExchangeError, site_budgets
 from insitu.federated.paths import ASYNC_STATE, NEWEST, async_buffer, async_update, global_weights, refresh, weights
-from insitu.federated.rounds import site_alive as _alive
+from insitu.federated.rounds import site_alive
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class ParameterServer:
             if time.monotonic() >= deadline:
                 raise StalledError(f"no update within {deadline_s:.0f}s at version {self.version} of {self.target}")
             if is_alive is not None and time.monotonic() >= next_alive:
-                if not any(_alive(is_alive, s) for s in self.sites):
+                if not any(site_alive(is_alive, s) for s in self.sites):
                     found = self.arrivals()
                     if found:
                         return found
