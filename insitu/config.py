@@ -445,7 +445,9 @@ class TaskConfig(_Strict):
     """What is learnt: the task decides the outputs, the loss, the metrics and what the gate may use."""
 
     name: str = "binary"
-    loss: Literal["mse", "huber"] = Field("mse", description="regression only: the loss on the standardised label")
+    loss: Literal["mse", "huber", "poisson"] = Field(
+        "mse", description="regression only: mse or huber on the standardised label; poisson for a count label "
+                           "(log link: predictions are exp(output), never negative)")
     huber_delta: Annotated[float, Field(gt=0.0)] = 1.0
 
     @field_validator("name")
