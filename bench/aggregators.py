@@ -31,7 +31,7 @@ import torch
 from sklearn.metrics import average_precision_score
 from torch import nn
 
-from insitu.config import ModelConfig, SchemaConfig, SplitConfig, load_datasets
+from insitu.conf import ModelConfig, SchemaConfig, SplitConfig, load_datasets
 from insitu.data.features import assign_split, featurize
 from insitu.data.schema import validate
 from insitu.data.synthetic import generate, inject_malformed

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from aggregators import Job, SiteData, make_job, pr_auc, train_local
 
-from insitu.config import AsyncConfig
+from insitu.conf import AsyncConfig
 from insitu.federated.aggregators import FedAvg, Update
 from insitu.federated.asynchronous import ServerState, SiteUpdate, build_algorithm
 

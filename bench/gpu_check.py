@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's insitu, whatever is installed
-from insitu.config import TrainingConfig  # noqa: E402
+from insitu.conf import TrainingConfig  # noqa: E402
 from insitu.models import build_model  # noqa: E402
 from insitu.parallel import DataRef, TrainSpec  # noqa: E402
 from insitu.parallel.loop import make_optimizer  # noqa: E402

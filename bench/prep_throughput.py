@@ -18,7 +18,7 @@ from pathlib import Path
 
 from distributed import Client, LocalCluster
 
-from insitu.config import load_conf
+from insitu.conf import load_conf
 from insitu.data.prepare import prepare_shard
 from insitu.data.synthetic import generate, inject_malformed
 from insitu.storage import Store

@@ -37,9 +37,10 @@ from distributed import LocalCluster
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_prepared  # noqa: E402
 
-from insitu.config import TrainingConfig  # noqa: E402
+from insitu.conf import TrainingConfig  # noqa: E402
 from insitu.models import build_model  # noqa: E402
-from insitu.parallel import DataRef, TrainSpec, train_site  # noqa: E402
+from insitu.parallel import DataRef, TrainSpec  # noqa: E402
+from insitu.parallel.site import train_site  # noqa: E402
 from insitu.specs import task_for_label  # noqa: E402
 from insitu.storage import Store  # noqa: E402
 

@@ -95,9 +95,10 @@ def show(p: Platform, site: str) -> None:
 def check(p: Platform, site: str, action: str, request_file: Path | None, as_: str | None, training: str,
           dataset: str, purpose: str, job_id: str, overrides: dict[str, int]) -> bool:
     """What ``site`` would decide for a request (a file, or one signed now as ``--as``), without running it."""
-    from insitu.config import load_conf, load_training, trusted_training
+    from insitu.conf import load_training, trusted_training
     from insitu.governance.policy import decide, job_context, verify_policy
     from insitu.governance.request import training_sha256
+    from insitu.job import load_job
 
     signed_policy = _policy(p, site)
     try:
@@ -113,7 +114,7 @@ def check(p: Platform, site: str, action: str, request_file: Path | None, as_: s
         req = sign_job(p, as_, training, dataset, purpose, job_id=job_id, overrides=overrides or None) \
             .model_dump(mode="json")
     training = req["request"]["training"]
-    conf = load_conf(trusted_training(training, p.conf_dir), req["request"]["dataset"], directory=p.conf_dir,
+    conf = load_job(trusted_training(training, p.conf_dir), req["request"]["dataset"], directory=p.conf_dir,
                      overrides=overrides or req["request"]["overrides"] or None)
     d = decide(policy, req, action=action, dataset=req["request"]["dataset"], job_id=req["request"]["job_id"] or job_id,
                training=training, training_hash=training_sha256(load_training(trusted_training(training, p.conf_dir))),

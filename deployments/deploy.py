@@ -16,7 +16,7 @@ from prefect import Flow
 from prefect.schedules import Cron, Schedule
 
 from deployments.worker_policy import COORDINATOR_FLOWS, SITE_FLOWS
-from insitu.config import DatasetsConfig, ScheduleConfig, SitesConfig, load_training
+from insitu.conf import DatasetsConfig, ScheduleConfig, SitesConfig, load_training
 from tasks.registry import ensure_registry_lock
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from pydantic import BaseModel, Field
 
-from insitu.config import JOB_ID_PATTERN, Conf, TrainingConfig, load_conf, load_training, trusted_training
+from insitu.conf import JOB_ID_PATTERN, TrainingConfig, load_training, trusted_training
 from insitu.federated.aggregators import build_aggregator
 from insitu.federated.coordinator import RoundsOutcome, run_rounds
 from insitu.federated.exchange import Exchange
@@ -35,6 +35,7 @@ from insitu.governance.request import (
     scope_refusal,
     training_sha256,
 )
+from insitu.job import JobSpec, load_job
 from insitu.storage import store_from_env
 from insitu.summary import collect_identities, job_summary, summary_markdown, withheld_by_floor
 from tasks.anchoring import countersign
@@ -82,7 +83,7 @@ class Job:
     job_id: str
     started: datetime
     overrides: dict[str, Any]
-    conf: Conf
+    conf: JobSpec
     ident: Any
     fr_id: str | None
     audit: Auditor
@@ -142,7 +143,7 @@ def open_job(params: RetrainParams) -> Job:
     job_id = params.job_id or f"{started:%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
     overrides = {k: v for k, v in {"rounds": params.rounds, "local_epochs": params.local_epochs,
                                     "batch_size": params.batch_size}.items() if v is not None}
-    conf = load_conf(trusted_training(params.training), params.dataset, overrides=overrides or None)
+    conf = load_job(trusted_training(params.training), params.dataset, overrides=overrides or None)
     ident, fr_id = actor_identity("coordinator", job_id)
     audit = ident.audit()
     signed = job_request(params, job_id, overrides, audit, fr_id)
@@ -156,16 +157,16 @@ def plan_job(job: Job) -> dict[str, list[str]]:
     conf, ex = job.conf, job.ex
     plan = shard_plan(conf)
     before = ex.get_json(PLAN) if ex.exists(PLAN) else None  # a re-run of this job resumes it …
-    refusal = resume_refusal(before, conf.config_hash(), job.job_id, job.params.training, job.overrides)
+    refusal = resume_refusal(before, conf.config_hash, job.job_id, job.params.training, job.overrides)
     if refusal:  # … only under the same configuration
         raise ValueError(refusal)
     if before is not None:
         get_run_logger().info("job %s exists: resuming it (finished rounds are reused)", job.job_id)
     ex.put_json(PLAN, {"job_id": job.job_id, "dataset": conf.dataset_name, "shards": plan,
-                       "config_hash": conf.config_hash(), "training": job.training.model_dump(mode="json")})
+                       "config_hash": conf.config_hash, "training": job.training.model_dump(mode="json")})
     req = job.signed.request
     job.audit.append("job.planned", job_id=job.job_id, flow_run_id=job.fr_id, shards=plan,
-                     config_hash=conf.config_hash(), claimed_principal=req.principal, purpose=req.purpose,
+                     config_hash=conf.config_hash, claimed_principal=req.principal, purpose=req.purpose,
                      request=job.signed.digest(), standing=req.standing)
     create_markdown_artifact(
         key="retrain-plan",
@@ -215,7 +216,7 @@ def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> RoundsOutcome:
         return not (st and st.is_final())
 
     logged = logged_rounds(mlruns)
-    task = job.conf.task()
+    task = job.conf.task
     selection = Selection(task.gate_metric(t.validation.metric or t.gate.primary_metric), t.validation)
 
     def record(rnd: int, result: dict[str, Any] | None, val: RoundValidation | None,
@@ -264,7 +265,7 @@ def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> RoundsOutcome:
 def evaluate(job: Job, sites: list[str], outcome: RoundsOutcome, features: list[str]) -> Evaluated:
     """Every site scores the selected model and the current champion on its own test split; the task combines
     the sites' metrics."""
-    t, ex, task = job.training, job.ex, job.conf.task()
+    t, ex, task = job.training, job.ex, job.conf.task
     champion = load_champion(job.conf, features)
     final = global_weights(outcome.selected).name  # as the sites' evaluations name it
     names = [final]
@@ -299,7 +300,7 @@ def register(job: Job, mlruns: dict[str, str], outcome: RoundsOutcome, evaluated
                          evaluated.global_metrics, sites,
                          selection={"round": outcome.selected, "of": outcome.last, "reason": outcome.reason,
                                     "metric": outcome.selection.metric.name})
-    log_figures(mlruns["parent"], evaluated.raw, evaluated.site_metrics, list(job.conf.task().summary_metrics))
+    log_figures(mlruns["parent"], evaluated.raw, evaluated.site_metrics, list(job.conf.task.summary_metrics))
     return reg
 
 
@@ -326,7 +327,7 @@ def finish(job: Job, mlruns: dict[str, str], reg: dict[str, Any], decision: dict
     job.ex.put_json(SUMMARY, summary)
     create_markdown_artifact(key="retrain-summary", markdown=summary_markdown(summary),
                              description=f"insitu job {job.job_id}")
-    primary = job.conf.task().gate_metric(t.gate.primary_metric).name
+    primary = job.conf.task.gate_metric(t.gate.primary_metric).name
     logger.info("job %s done: %s v%s (%s), global %s %.4f; gate: %s", job.job_id, reg["model_name"], reg["version"],
                 reg["alias"], primary, evaluated.global_metrics.get(primary, float("nan")), decision["reason"])
     return summary

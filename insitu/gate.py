@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from insitu.config import GateConfig
+from insitu.conf import GateConfig
 from insitu.specs.base import GateMetric
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import fsspec
 
-from insitu.config import StorageRef
+from insitu.conf import StorageRef
 
 
 class StorageAccessError(RuntimeError):

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from insitu.config import Conf
 from insitu.federated.exchange import Exchange
 from insitu.federated.paths import EVALUATION, PREPARE_STATS, async_update, update
+from insitu.job import JobSpec
 
 if TYPE_CHECKING:
     from insitu.federated.coordinator import RoundsOutcome
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def job_summary(
     job_id: str,
-    conf: Conf,
+    conf: JobSpec,
     prepare: dict[str, dict[str, Any]],
     rounds: list[dict[str, Any]],
     site_metrics: dict[str, dict[str, float]],
@@ -46,7 +46,7 @@ def job_summary(
     return {
         "job_id": job_id,
         "dataset": conf.dataset_name,
-        "config_hash": conf.config_hash(),
+        "config_hash": conf.config_hash,
         "rounds": len(rounds),
         "rounds_detail": [{"round": r["round"], "sites": r["sites"], "missing": r["missing"],
                            "rejected": r.get("rejected", {})} for r in rounds],
@@ -66,7 +66,7 @@ def job_summary(
         "stopped_early": bool(selection and selection.stopped_early),
         "validation": [{"round": h.round, "value": h.value, "sites": h.sites} for h in selection.selection.history]
         if selection else [],
-        "metric_names": list(conf.task().summary_metrics),
+        "metric_names": list(conf.task.summary_metrics),
     }
 
 

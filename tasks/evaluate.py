@@ -41,7 +41,7 @@ def score(model: nn.Module, task: TaskSpec, x: np.ndarray, y: np.ndarray, loss_p
 @task(retry_condition_fn=retry_if_transient, retries=1, task_run_name="evaluate-{ctx.site}-{name}")
 def evaluate_weights(ctx: SiteContext, name: str, x: np.ndarray, y: np.ndarray, norm: dict[str, Any]) -> dict[str, Any]:
     state, _ = ctx.exchange.get_state(weights(name), writer=COORDINATOR)
-    task = ctx.conf.task()
+    task = ctx.conf.task
     model = build_model(ctx.conf.training.model, len(norm["mean"]), task.n_outputs)
     model.load_state_dict(state)
     # The protocol's floor, or the site's own if its policy asks for more.

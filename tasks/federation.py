@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from prefect import get_run_logger, task
 
-from insitu.config import Conf, TrainingConfig
+from insitu.conf import TrainingConfig
 from insitu.data.features import feature_names
 from insitu.federated.aggregators import Aggregator
 from insitu.federated.exchange import Exchange
@@ -18,13 +18,14 @@ from insitu.federated.paths import GLOBAL_STATS, PREPARE_STATS, STOP, global_wei
 from insitu.federated.rounds import collect, run_round
 from insitu.federated.stats import combine, mean_std
 from insitu.federated.validation import RoundValidation
+from insitu.job import JobSpec
 from insitu.models import Normalization, build_model
 from insitu.specs import TaskSpec
 from tasks.evaluate import read_validation
 
 
 @task(task_run_name="global-statistics")
-def publish_global_stats(ex: Exchange, conf: Conf, sites: list[str]) -> dict[str, Any]:
+def publish_global_stats(ex: Exchange, conf: JobSpec, sites: list[str]) -> dict[str, Any]:
     """Combine the sites' aggregate statistics into global normalisation and the loss's parameters.
 
     Each site's ``prepare.json`` is checked against the protocol's schema as it is read (row floor included);
@@ -38,7 +39,7 @@ def publish_global_stats(ex: Exchange, conf: Conf, sites: list[str]) -> dict[str
             raise ValueError(f"site {s} published statistics of {width} features; the dataset has {len(features)}")
     total = combine(p["train_stats"] for p in per_site.values())
     mean, std = mean_std(total)
-    task = conf.task()
+    task = conf.task
     shift, scale = task.output_norm(total)
     norm = {"features": features, "mean": mean, "std": std, "n": total["n"], "out_shift": shift, "out_scale": scale,
             # e.g. the positive class's or each class's weight: the same loss on every site
@@ -50,12 +51,12 @@ def publish_global_stats(ex: Exchange, conf: Conf, sites: list[str]) -> dict[str
 
 
 @task(task_run_name="initial-weights")
-def publish_initial_weights(ex: Exchange, conf: Conf, norm: dict[str, Any]) -> dict[str, Any]:
+def publish_initial_weights(ex: Exchange, conf: JobSpec, norm: dict[str, Any]) -> dict[str, Any]:
     initial = global_weights(0)
     if ex.exists(initial.manifest):  # a re-run of the same job keeps its start
         return ex.get_json(initial.manifest, writer=COORDINATOR)
     torch.manual_seed(conf.training.seed)
-    model = build_model(conf.training.model, len(norm["mean"]), conf.task().n_outputs, Normalization.from_global(norm))
+    model = build_model(conf.training.model, len(norm["mean"]), conf.task.n_outputs, Normalization.from_global(norm))
     return ex.put_state(initial, model.state_dict(), round=0)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from insitu.config import TrainingConfig
+from insitu.conf import TrainingConfig
 from insitu.federated.asynchronous import build_algorithm
 from insitu.federated.asynchronous.server import Arrival, ParameterServer
 from insitu.federated.coordinator import RoundsOutcome

@@ -8,7 +8,7 @@ from typing import Any
 from distributed import Client
 from prefect import get_run_logger, task
 
-from insitu.config import ShardConfig
+from insitu.conf import ShardConfig
 from insitu.data.prepare import ShardReport, prepare_shard, summarize
 from insitu.federated.kinds import MIN_ROWS
 from tasks.context import SiteContext

@@ -19,9 +19,10 @@ from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
 from prefect import get_run_logger, task
 
-from insitu.config import Conf, TrainingConfig
+from insitu.conf import TrainingConfig
 from insitu.federated.exchange import state_from_bytes, state_to_bytes
 from insitu.federated.validation import RoundValidation
+from insitu.job import JobSpec
 from insitu.models import Normalization, build_model
 
 WEIGHTS_DIR = "weights"
@@ -46,7 +47,7 @@ def parallel_params(t: TrainingConfig) -> dict[str, Any]:
     return {k: v for k, v in t.parallel.model_dump().items() if k in used}
 
 
-def flat_params(conf: Conf) -> dict[str, Any]:
+def flat_params(conf: JobSpec) -> dict[str, Any]:
     t = conf.training
     return {
         "dataset": conf.dataset_name, "model": t.model.name, "hidden": t.model.hidden, "dropout": t.model.dropout,
@@ -59,12 +60,12 @@ def flat_params(conf: Conf) -> dict[str, Any]:
         "federation_mode": t.federation.mode,
         **({"federation_async": t.federation.asynchronous.model_dump(mode="json")}
            if t.federation.mode == "async" else {}),
-        "config_hash": conf.config_hash(),
+        "config_hash": conf.config_hash,
     }
 
 
 @task(task_run_name="mlflow-start-{job_id}")
-def start_runs(conf: Conf, job_id: str, sites: list[str], flow_run_id: str | None) -> dict[str, str]:
+def start_runs(conf: JobSpec, job_id: str, sites: list[str], flow_run_id: str | None) -> dict[str, str]:
     """Create the parent run and one child run per site; returns their ids.
 
     A re-run of the same job continues the runs its first attempt created, so the job's rounds stay
@@ -194,7 +195,7 @@ def log_validation(runs: dict[str, str], rnd: int, val: RoundValidation, per_sit
 
 @task(task_run_name="register-{job_id}")
 def register_model(
-    conf: Conf,
+    conf: JobSpec,
     job_id: str,
     runs: dict[str, str],
     state: dict[str, torch.Tensor],
@@ -223,7 +224,7 @@ def register_model(
     else:
         version = _log_and_register(conf, runs, state, norm, site_metrics, global_metrics)
     tags = {"job_id": job_id, "dataset": conf.dataset_name, "sites": ",".join(sites),
-            "config_hash": conf.config_hash(), "code_version": code_version(),
+            "config_hash": conf.config_hash, "code_version": code_version(),
             "features": ",".join(norm["features"])}
     if selection:
         tags.update({"selected_round": str(selection["round"]), "rounds_trained": str(selection["of"]),
@@ -235,7 +236,7 @@ def register_model(
     for k, v in global_metrics.items():
         if not np.isnan(v):
             client.set_model_version_tag(name, version, f"global_test_{k}", f"{v:.6f}")
-    gate_metrics = [g.name for g in conf.task().gate_metrics]
+    gate_metrics = [g.name for g in conf.task.gate_metrics]
     for s, m in site_metrics.items():
         for k in gate_metrics:
             if k in m and not np.isnan(m[k]):
@@ -246,7 +247,7 @@ def register_model(
 
 
 def _log_and_register(
-    conf: Conf,
+    conf: JobSpec,
     runs: dict[str, str],
     state: dict[str, torch.Tensor],
     norm: dict[str, Any],
@@ -261,7 +262,7 @@ def _log_and_register(
         _log_metrics(client, runs[s], {f"test_{k}": v for k, v in m.items()})
         parent_metrics.update({f"{s}_test_{k}": v for k, v in m.items()})
     _log_metrics(client, runs["parent"], parent_metrics)
-    model = build_model(conf.training.model, len(norm["mean"]), conf.task().n_outputs, Normalization.from_global(norm))
+    model = build_model(conf.training.model, len(norm["mean"]), conf.task.n_outputs, Normalization.from_global(norm))
     model.load_state_dict(state)
     model.eval()
     # The input example is the global feature mean: an aggregate, not anyone's row.
@@ -285,7 +286,7 @@ def _log_and_register(
 
 
 @task(task_run_name="load-champion")
-def load_champion(conf: Conf, features: list[str]) -> dict[str, Any] | None:
+def load_champion(conf: JobSpec, features: list[str]) -> dict[str, Any] | None:
     """The current champion's version and weights, if there is one with the same features."""
     logger = get_run_logger()
     client = MlflowClient()
@@ -326,7 +327,7 @@ def _read_weights(client: MlflowClient, mv: Any) -> dict[str, torch.Tensor] | No
 
 @task(task_run_name="gate-and-promote-{job_id}")
 def gate_and_promote(
-    conf: Conf,
+    conf: JobSpec,
     job_id: str,
     version: str,
     candidate_global: dict[str, float],
@@ -348,7 +349,7 @@ def gate_and_promote(
     client = MlflowClient()
     name = conf.training.registry.model_name
     gate = conf.training.gate
-    metric = conf.task().gate_metric(gate.primary_metric)
+    metric = conf.task.gate_metric(gate.primary_metric)
     ensure_registry_lock(name)
     with concurrency(registry_lock_name(name), occupy=1, timeout_seconds=600, strict=True):
         try:

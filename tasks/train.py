@@ -8,11 +8,12 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
-from insitu.config import TrainingConfig
+from insitu.conf import TrainingConfig
 from insitu.federated.aggregators import build_aggregator
 from insitu.federated.kinds import COORDINATOR
 from insitu.federated.paths import async_update, global_weights, round_name, update
-from insitu.parallel import CheckpointRef, DataRef, TrainSpec, train_site
+from insitu.parallel import CheckpointRef, DataRef, TrainSpec
+from insitu.parallel.site import train_site
 from tasks.context import SiteContext
 from tasks.retry import retry_if_transient
 
@@ -60,12 +61,12 @@ def train_async_update(ctx: SiteContext, seq: int, version: int, norm: dict[str,
 def train_from(ctx: SiteContext, state: dict[str, Any], norm: dict[str, Any], *, seed: int, checkpoint: str,
                options_round: int, **audited: Any) -> Any:
     """In-site training of ``state`` on this site's train split (the strategy's ranks on the site's Dask
-    workers), then the configured simulated delay; returns :func:`insitu.parallel.train_site`'s result."""
+    workers), then the configured simulated delay; returns :func:`insitu.parallel.site.train_site`'s result."""
     t = ctx.conf.training
     job_id = ctx.exchange.job_id
     ckpt = CheckpointRef(ctx.store, f"checkpoints/{job_id}/{checkpoint}", t.checkpoint.every_steps) \
         if t.checkpoint.enabled else None
-    spec = TrainSpec(training=t, task=ctx.conf.task(), n_features=len(norm["mean"]), state=state,
+    spec = TrainSpec(training=t, task=ctx.conf.task, n_features=len(norm["mean"]), state=state,
                      loss_params=norm["loss_params"], seed=seed,
                      data=DataRef(ctx.store, ctx.conf.dataset_name, job_id, "train"), checkpoint=ckpt,
                      site_options=site_options(t, options_round))

@@ -44,7 +44,7 @@ def platform() -> Iterator[Platform]:
 @pytest.fixture(scope="session")
 def deployed(platform: Platform) -> Platform:
     from deployments.deploy import deploy_all
-    from insitu.config import load_conf, load_datasets
+    from insitu.conf import load_conf, load_datasets
     from insitu.data.seed import seed
 
     conf = load_conf("fraud", directory=platform.conf_dir)

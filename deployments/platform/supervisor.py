@@ -44,7 +44,7 @@ from deployments.platform.users import (
     ensure_traversable,
     make_private_dir,
 )
-from insitu.config import SitesConfig, load_sites
+from insitu.conf import SitesConfig, load_sites
 from insitu.governance.approvals import ENV_APPROVALS
 from insitu.governance.identity import ENV_IDENTITY, Identity, write_private
 

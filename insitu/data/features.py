@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from insitu.config import SchemaConfig, SplitConfig
+from insitu.conf import SchemaConfig, SplitConfig
 
 
 def feature_names(schema: SchemaConfig) -> list[str]:

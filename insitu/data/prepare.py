@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from insitu.config import SchemaConfig, ShardConfig, SplitConfig
+from insitu.conf import SchemaConfig, ShardConfig, SplitConfig
 from insitu.data.features import assign_split, featurize, label_classes
 from insitu.data.schema import REASON, validate
 from insitu.federated.stats import combine, partial_stats

@@ -7,7 +7,7 @@ import difflib
 import numpy as np
 import pandas as pd
 
-from insitu.config import SchemaConfig
+from insitu.conf import SchemaConfig
 
 REASON = "_quarantine_reason"
 

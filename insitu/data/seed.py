@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from insitu.config import Conf
+from insitu.conf import Conf
 from insitu.data import sequences
 from insitu.data.digits import digits_frames
 from insitu.data.synthetic import check_matches_schema, generate, inject_malformed

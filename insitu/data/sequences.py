@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from insitu.config import SchemaConfig
+from insitu.conf import SchemaConfig
 from insitu.data.features import feature_names
 from insitu.data.synthetic import CATEGORIES, _hour_weights, profile
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from insitu.config import SchemaConfig
+from insitu.conf import SchemaConfig
 
 CATEGORIES = ["grocery", "fuel", "travel", "electronics", "restaurants", "online", "pharmacy", "gambling"]
 RISK = {"grocery": -0.6, "fuel": -0.2, "travel": 0.6, "electronics": 0.9, "restaurants": -0.4,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from insitu.config import Conf
+from insitu.conf import Conf
 
 
 def shard_plan(conf: Conf) -> dict[str, list[str]]:

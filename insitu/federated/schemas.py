@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from insitu.config import SITE_NAME, TrainingConfig
+from insitu.conf import SITE_NAME, TrainingConfig
 from insitu.federated.kinds import (
     COORDINATOR,
     KIB,

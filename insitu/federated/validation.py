@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from insitu.config import ValidationConfig
+from insitu.conf import ValidationConfig
 from insitu.specs.base import GateMetric
 
 

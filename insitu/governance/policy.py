@@ -282,7 +282,7 @@ def _policy_ids(cedar: str) -> dict[str, str]:
 
 
 def job_context(training: Any) -> dict[str, Any]:
-    """What a job will really run with (a :class:`insitu.config.TrainingConfig`, overrides applied), as
+    """What a job will really run with (a :class:`insitu.conf.TrainingConfig`, overrides applied), as
     :func:`decide` takes it: the Cedar context's attributes and the values a standing approval bounds."""
     return {"strategy": training.strategy, "aggregator": training.aggregator.name, "task": training.task.name,
             "model": training.model.name, "rounds": training.rounds,

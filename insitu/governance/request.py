@@ -99,7 +99,7 @@ class SignedRequest(BaseModel):
 def training_sha256(training: Any) -> str:
     """The hash a request pins a training configuration by: its validated contents, before overrides.
 
-    ``training`` is a :class:`insitu.config.TrainingConfig`; the hash is over its canonical JSON, so
+    ``training`` is a :class:`insitu.conf.TrainingConfig`; the hash is over its canonical JSON, so
     comments and key order in the YAML do not matter but every value does.
     """
     return hashlib.sha256(canonical(training.model_dump(mode="json"))).hexdigest()
@@ -227,7 +227,7 @@ def sign_for(key_file: Any, principal: str, training: str, dataset: str, purpose
              conf_directory: Any = None) -> SignedRequest:
     """Build and sign a request for ``training`` (a name in ``conf/training/``) as the principal holding
     ``key_file``: what ``insitu run --as`` and ``insitu approve --as`` do on the user's machine."""
-    from insitu.config import load_training, trusted_training
+    from insitu.conf import load_training, trusted_training
     from insitu.governance.principals import load_private_key
 
     digest = training_sha256(load_training(trusted_training(training, conf_directory)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from insitu.config import DatasetConfig, ShardConfig
+from insitu.conf import DatasetConfig, ShardConfig
 from insitu.governance.audit_service import Auditor
 
 RULE_PINNED = "residency.shard-pinned-to-site"

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from insitu.config import ModelConfig
+from insitu.conf import ModelConfig
 from insitu.models.tabular_mlp import tabular_mlp
 from insitu.plugins import functions_named_as_their_module
 

@@ -16,7 +16,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from insitu.config import FsdpConfig
+from insitu.conf import FsdpConfig
 from insitu.parallel.types import Parallelized, TrainSpec
 
 DISTRIBUTED = True  # ranks_per_site ranks on the site's Dask workers (or under torchrun)

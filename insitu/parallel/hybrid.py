@@ -17,7 +17,7 @@ import math
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from insitu.config import TrainingConfig
+from insitu.conf import TrainingConfig
 from insitu.models import Standardized
 from insitu.parallel.fsdp import apply_fsdp
 from insitu.parallel.pipeline import build_pipeline, check_pipeline

@@ -16,8 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from insitu.config import TrainingConfig
-from insitu.parallel.state import named_parameters
+from insitu.conf import TrainingConfig
 from insitu.parallel.types import StepFn
 
 if TYPE_CHECKING:
@@ -44,7 +43,7 @@ def train_epochs(
     comm_seconds: Callable[[], float] | None = None,
     on_step: Callable[[dict[str, Any]], None] | None = None,
     checkpointer: Checkpointer | None = None,
-    proximal: tuple[dict[str, torch.Tensor], float] | None = None,
+    after_backward: Callable[[], None] | None = None,
     step: StepFn | None = None,
     drop_last: bool = False,
 ) -> dict[str, float]:
@@ -52,8 +51,9 @@ def train_epochs(
 
     ``x``/``y`` are this rank's rows already (``world`` is the number of data-parallel replicas: each takes
     ``batch_size // world`` rows per step); ``loss_fn(outputs, y)`` is the task's loss, unless the strategy has
-    its own ``step`` (a pipeline: forward and backward through the stages). With ``proximal``
-    ``(reference_state, mu)`` the FedProx term ``mu/2 · ‖w − w_ref‖²`` adds its gradient to every step. With a
+    its own ``step`` (a pipeline: forward and backward through the stages). ``after_backward``
+    runs between each step's backward and the optimizer step: the aggregator's site hook (FedProx adds its proximal
+    term's gradient there, see :meth:`Aggregator.site_gradient_hook`). With a
     ``checkpointer``, resumes from its newest checkpoint and saves one every ``every_steps`` steps and at each
     epoch's end. Returns loss (``loss_sum``/``loss_rows``: over the rows whose loss this rank saw), steps,
     throughput, communication time and the step it resumed from.
@@ -63,12 +63,6 @@ def train_epochs(
     xt = torch.from_numpy(np.ascontiguousarray(x)).to(dev)
     yt = torch.from_numpy(np.ascontiguousarray(y)).to(dev)
     opt = make_optimizer(model, cfg)
-    prox = None
-    if proximal is not None:
-        from insitu.federated.aggregators.fedprox import ProximalGradient
-
-        # The round's global weights, against this rank's parameters (whole, shard or stage) by their names.
-        prox = ProximalGradient(named_parameters(model), proximal[0], float(proximal[1]))
     local_batch = max(1, cfg.batch_size // world)
     resumed = checkpointer.restore(model, opt) if checkpointer else None
     start_epoch, start_batch = (resumed["epoch"], resumed["batch"]) if resumed else (0, 0)
@@ -94,8 +88,8 @@ def train_epochs(
             else:
                 loss = loss_fn(model(xt[idx]), yt[idx])
                 loss.backward()
-            if prox is not None:
-                prox()
+            if after_backward is not None:
+                after_backward()
             opt.step()
             dt = time.perf_counter() - t0
             steps += 1

@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from insitu.config import TrainingConfig
+from insitu.conf import TrainingConfig
 from insitu.models import Standardized
 from insitu.parallel.state import gather_stage_states, local_full_state
 from insitu.parallel.types import Parallelized, TrainSpec

@@ -17,13 +17,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from insitu.config import TrainingConfig
+from insitu.conf import TrainingConfig
 from insitu.data.loader import load_rank_part_cached
+from insitu.federated.aggregators import AGGREGATORS
 from insitu.models import build_model
 from insitu.parallel.allocator import training_allocator
 from insitu.parallel.checkpoint import Checkpointer
 from insitu.parallel.loop import train_epochs
-from insitu.parallel.state import local_full_state
+from insitu.parallel.state import local_full_state, named_parameters
 from insitu.parallel.strategies import strategy_module
 from insitu.parallel.types import TrainResult, TrainSpec
 
@@ -85,10 +86,13 @@ def _rank_main(rank: int, world: int, spec: TrainSpec) -> TrainResult | None:
                      float(m["loss"]), m["step_s"], wrapped.comm_seconds())
 
     ckpt = Checkpointer(spec.checkpoint) if spec.checkpoint else None
-    proximal = (spec.state, spec.site_options["proximal_mu"]) if spec.site_options.get("proximal_mu") else None
+    # The aggregator's part on the site (FedProx's proximal term), against this rank's parameters (whole, shard or
+    # stage) by their names, with the round's global weights as the reference.
+    hook = AGGREGATORS[spec.training.aggregator.name].site_gradient_hook(
+        named_parameters(wrapped.module), spec.state, spec.site_options)
     metrics = train_epochs(wrapped.module, part.x, part.y, spec.training, spec.task.loss(spec.loss_params, device),
                            spec.seed, replicas, comm_seconds=wrapped.comm_seconds, on_step=log_step, checkpointer=ckpt,
-                           proximal=proximal, step=wrapped.step, drop_last=wrapped.drop_last)
+                           after_backward=hook, step=wrapped.step, drop_last=wrapped.drop_last)
     loss_sum, loss_rows = metrics.pop("loss_sum"), metrics.pop("loss_rows")  # not reported: only the mean is
     if distributed:  # the loss over every row trained, wherever it was computed (a pipeline: its last stages)
         totals = torch.tensor([loss_sum, loss_rows], dtype=torch.float64, device=device)

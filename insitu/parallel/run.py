@@ -21,10 +21,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from insitu.config import StorageRef, load_conf
+from insitu.conf import StorageRef
 from insitu.data.features import label_classes
 from insitu.data.loader import load_rank_part_cached
 from insitu.federated.stats import combine, mean_std, partial_stats
+from insitu.job import load_job
 from insitu.models import Normalization, build_model
 from insitu.parallel.rank import rank_main
 from insitu.parallel.types import DataRef, TrainSpec
@@ -61,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.setLogRecordFactory(factory)
     try:
         conf_dir = args.conf_dir or Path(args.config).resolve().parent.parent
-        conf = load_conf(args.config, args.dataset, conf_dir)
-        cfg, task = conf.training, conf.task()
+        conf = load_job(args.config, args.dataset, conf_dir)
+        cfg, task = conf.training, conf.task
         ref = StorageRef(storage=args.data, endpoint_env=args.endpoint_env)
         store = store_from_env(ref, "this site")
         part = load_rank_part_cached(store, args.dataset, args.job_id, "train", rank, world)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from insitu.config import TrainingConfig
+from insitu.conf import TrainingConfig
 from insitu.storage import Store
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ nothing else to edit.
 
 from __future__ import annotations
 
-from insitu.config import SchemaConfig, TaskConfig
+from insitu.conf import SchemaConfig, TaskConfig
 from insitu.plugins import named_subclasses
 from insitu.specs.base import GateMetric, TaskSpec
 

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from insitu.config import SchemaConfig, TaskConfig
+from insitu.conf import SchemaConfig, TaskConfig
 from insitu.federated.kinds import MIN_ROWS
 
 log = logging.getLogger(__name__)

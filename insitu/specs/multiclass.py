@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from insitu.config import SchemaConfig, TaskConfig
+from insitu.conf import SchemaConfig, TaskConfig
 from insitu.federated.kinds import MIN_ROWS
 from insitu.specs.base import GateMetric, LossFn, TaskSpec, class_counts
 

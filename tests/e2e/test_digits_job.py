@@ -19,7 +19,7 @@ from prefect.client.orchestration import get_client
 
 from deployments import cli_data as data
 from deployments.platform import Platform
-from insitu.config import load_datasets
+from insitu.conf import load_datasets
 from insitu.data.digits import digits_frames
 from insitu.governance.audit import read_events
 

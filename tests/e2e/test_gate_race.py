@@ -14,7 +14,7 @@ from prefect import flow
 
 from deployments.deploy import ensure_registry_lock
 from deployments.platform import Platform
-from insitu.config import load_conf
+from insitu.conf import load_conf
 from tasks.registry import gate_and_promote
 
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 
 from deployments.platform import Platform
-from insitu.config import load_conf
+from insitu.conf import load_conf
 from insitu.data.features import featurize
 from insitu.data.seed import seed
 from insitu.data.sequences import generate

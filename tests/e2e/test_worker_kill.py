@@ -23,7 +23,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, TaskRunFilter, TaskRunFilterName
 
 from deployments.platform import Platform
-from insitu.config import load_conf
+from insitu.conf import load_conf
 from insitu.parallel import CheckpointRef
 from insitu.parallel.checkpoint import Checkpointer
 from insitu.storage import Store

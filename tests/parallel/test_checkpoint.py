@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from insitu.config import TrainingConfig
+from insitu.conf import TrainingConfig
 from insitu.models import build_model
 from insitu.parallel.checkpoint import Checkpointer
 from insitu.parallel.loop import train_epochs

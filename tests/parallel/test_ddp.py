@@ -11,12 +11,13 @@ import pytest
 import torch
 from distributed import LocalCluster
 
-from insitu.config import TrainingConfig
+from insitu.conf import TrainingConfig
 from insitu.data.prepare import prepared_prefix
 from insitu.models import build_model
-from insitu.parallel import DataRef, TrainSpec, train_site
+from insitu.parallel import DataRef, TrainSpec
 from insitu.parallel.launch import LaunchError, launch_on_dask
 from insitu.parallel.loop import make_optimizer
+from insitu.parallel.site import train_site
 from insitu.specs import task_for_label
 from insitu.storage import Store
 

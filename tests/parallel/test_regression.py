@@ -12,12 +12,13 @@ import pytest
 import torch
 from distributed import LocalCluster
 
-from insitu.config import TrainingConfig
+from insitu.conf import TrainingConfig
 from insitu.data.prepare import prepared_prefix
 from insitu.federated.stats import mean_std, partial_stats
 from insitu.models import Normalization, build_model
-from insitu.parallel import DataRef, TrainResult, TrainSpec, train_site
+from insitu.parallel import DataRef, TrainResult, TrainSpec
 from insitu.parallel.loop import make_optimizer
+from insitu.parallel.site import train_site
 from insitu.specs import TaskSpec, task_for_label
 from insitu.storage import Store
 

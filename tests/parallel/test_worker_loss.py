@@ -15,12 +15,13 @@ import pytest
 import torch
 from distributed import Client, LocalCluster
 
-from insitu.config import TrainingConfig
+from insitu.conf import TrainingConfig
 from insitu.data.prepare import prepared_prefix
 from insitu.models import build_model
-from insitu.parallel import CheckpointRef, DataRef, TrainSpec, train_site
+from insitu.parallel import CheckpointRef, DataRef, TrainSpec
 from insitu.parallel.checkpoint import Checkpointer
 from insitu.parallel.launch import RankFailed
+from insitu.parallel.site import train_site
 from insitu.specs import task_for_label
 
 EVERY = 20

@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 from prefect import flow
 
 from deployments.platform import COORDINATOR, Platform
-from insitu.config import load_conf
+from insitu.conf import load_conf
 from tasks.registry import WEIGHTS_DIR, WEIGHTS_FILE, load_champion
 
 pytestmark = pytest.mark.e2e

@@ -45,7 +45,7 @@ def _decisions(p: Platform, site: str, job_id: str) -> list[dict[str, Any]]:
 
 def _forged(p: Platform, job_id: str) -> dict[str, Any]:
     """alice's name on a request the operator signed (the coordinator's operator has no key of alice's)."""
-    from insitu.config import load_training, trusted_training
+    from insitu.conf import load_training, trusted_training
     from insitu.governance.request import new_request, sign_request, training_sha256
 
     digest = training_sha256(load_training(trusted_training("fraud", p.conf_dir)))

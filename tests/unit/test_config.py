@@ -1,4 +1,4 @@
-"""Tests for ``insitu.config``: the real ``conf/`` loads, and bad configs fail with file, key and fix."""
+"""Tests for ``insitu.conf``: the real ``conf/`` loads, and bad configs fail with file, key and fix."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from insitu.config import (
+from insitu.conf import (
     JOB_ID_PATTERN,
     ConfigError,
     ConfLoader,
@@ -20,6 +20,7 @@ from insitu.config import (
     load_training,
     trusted_training,
 )
+from insitu.job import load_job
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -94,7 +95,7 @@ def _remove(file: str) -> Mutation:
 
 def _load_error(conf: Path) -> str:
     with pytest.raises(ConfigError) as info:
-        load_conf("fraud", directory=conf)
+        load_job("fraud", directory=conf)  # the configuration and every component it names
     return str(info.value)
 
 
@@ -199,7 +200,7 @@ BAD_CONFIGS = [
         TRAINING,
         _set(TRAINING, ("optimizer", "lrr"), 0.01),
         "optimizer.lrr",
-        "remove it or check the spelling; known keys: name, lr, weight_decay, momentum",
+        "remove it or check the spelling (did you mean 'lr'?); known keys: name, lr, weight_decay, momentum",
         id="unknown-key-typo",
     ),
     pytest.param(
@@ -220,7 +221,7 @@ BAD_CONFIGS = [
         TRAINING,
         _set(TRAINING, ("aggregator",), "fedsgd"),
         "aggregator",
-        "unknown aggregator 'fedsgd'; known: ['fedadagrad', 'fedadam', 'fedavg'",
+        "unknown aggregator 'fedsgd' (did you mean 'fedavg'?); known: ['fedadagrad', 'fedadam', 'fedavg'",
         id="unknown-aggregator",
     ),
     pytest.param(
@@ -708,7 +709,7 @@ def test_one_broken_dataset_does_not_block_a_job_on_another(conf_copy: Path) -> 
 def test_a_nullable_number_feature_is_refused_because_nothing_imputes_it() -> None:
     from pydantic import ValidationError
 
-    from insitu.config import SchemaConfig
+    from insitu.conf import SchemaConfig
 
     cols = {"id": {"type": "string"}, "y": {"type": "bool"}, "age": {"type": "float", "nullable": True}}
     with pytest.raises(ValidationError, match="feature 'age' of type float is nullable.*does not impute"):

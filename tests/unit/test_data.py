@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from insitu.config import Conf, SchemaConfig, SplitConfig, load_conf
+from insitu.conf import Conf, SchemaConfig, SplitConfig, load_conf
 from insitu.data.features import assign_split, feature_names, featurize
 from insitu.data.loader import load_split
 from insitu.data.prepare import SPLITS, prepare_shard, prepared_prefix, quarantine_prefix, summarize
@@ -298,7 +298,7 @@ def test_prepare_shard_on_fresh_file_store(tmp_path: Path, conf: Conf, schema: S
 
 
 def test_a_numeric_column_is_transformed_only_as_its_schema_declares(schema: SchemaConfig) -> None:
-    from insitu.config import ColumnSpec, ConfigError  # noqa: F401  (ConfigError: the loader's wrapper)
+    from insitu.conf import ColumnSpec, ConfigError  # noqa: F401  (ConfigError: the loader's wrapper)
 
     df = generate("eu", 5, seed=0)
     declared = schema.model_copy(update={"columns": {**schema.columns}})

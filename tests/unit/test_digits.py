@@ -16,7 +16,6 @@ import torch
 import yaml
 
 from deployments.platform import REPO
-from insitu.config import Conf, load_conf
 from insitu.data.digits import HOME_DIGITS, PIXELS, SITES, digits_frames
 from insitu.data.features import assign_split, featurize, label_classes
 from insitu.data.loader import load_split
@@ -26,6 +25,7 @@ from insitu.data.seed import SEEDERS, seed, seeder_for
 from insitu.federated.aggregators import Update, build_aggregator
 from insitu.federated.kinds import MIN_ROWS
 from insitu.federated.stats import combine, mean_std
+from insitu.job import JobSpec, load_job
 from insitu.models import Normalization, build_model
 from insitu.parallel.loop import train_epochs
 from insitu.storage import Store
@@ -34,8 +34,8 @@ N_IMAGES = 1797  # sklearn.datasets.load_digits()
 
 
 @pytest.fixture(scope="module")
-def conf() -> Conf:
-    return load_conf("digits", "digits", REPO / "conf")
+def conf() -> JobSpec:
+    return load_job("digits", "digits", REPO / "conf")
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def file_conf(tmp_path: Path) -> Path:
     return d
 
 
-def _store(c: Conf, site: str) -> Store:
+def _store(c: JobSpec, site: str) -> Store:
     return Store(c.sites.site(site).storage, {})
 
 
@@ -99,7 +99,7 @@ def test_each_site_holds_mostly_its_own_digits(frames: dict[str, pd.DataFrame]) 
 
 
 def test_frames_fit_the_digits_schema_and_each_site_keeps_a_test_split(
-    conf: Conf, frames: dict[str, pd.DataFrame]
+    conf: JobSpec, frames: dict[str, pd.DataFrame]
 ) -> None:
     ds, schema = conf.dataset, conf.dataset.schema_
     for site, f in frames.items():
@@ -123,7 +123,7 @@ def test_seed_refuses_a_dataset_without_example_data(file_conf: Path, tmp_path: 
     data = yaml.safe_load(path.read_text())
     data["datasets"]["claims"] = data["datasets"]["fraud"]  # one's own dataset, however it looks
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    c = load_conf("fraud", "claims", file_conf)
+    c = load_job("fraud", "claims", file_conf)
     with pytest.raises(ValueError) as info:
         seed(c)
     msg = str(info.value)
@@ -134,7 +134,7 @@ def test_seed_refuses_a_dataset_without_example_data(file_conf: Path, tmp_path: 
 
 
 def test_seed_digits_writes_each_sites_frame_as_its_shard(file_conf: Path) -> None:
-    c = load_conf("digits", "digits", file_conf)
+    c = load_job("digits", "digits", file_conf)
     out = seed(c, seed=42, corrupt_shard="last")  # the fraud-only knobs change nothing here
     frames = digits_frames(42)
     assert set(out) == {"eu-digits", "us-digits", "apac-digits"}
@@ -150,7 +150,7 @@ def test_seed_digits_writes_each_sites_frame_as_its_shard(file_conf: Path) -> No
 
 
 def test_seed_fraud_still_writes_malformed_rows_and_an_unreadable_shard(file_conf: Path) -> None:
-    c = load_conf("fraud", "fraud", file_conf)
+    c = load_job("fraud", "fraud", file_conf)
     out = seed(c, rows_per_site=400, seed=1)
     last = c.dataset.shards[-1]
     assert out[last.id] == {"site": last.site, "rows": 0, "malformed": 0, "unreadable": True}
@@ -178,8 +178,8 @@ def test_the_seed_command_refuses_an_unseedable_dataset_before_the_platform(tmp_
 def test_the_shipped_config_trains_the_seeded_digits_federatedly(file_conf: Path) -> None:
     """seed → prepare on each site's store → FedAvg rounds in-process, as the sites and coordinator run them:
     the global test macro-F1 after the configured rounds must clear the gate's first-model floor by far."""
-    c = load_conf("digits", "digits", file_conf)
-    t, task, schema = c.training, c.task(), c.dataset.schema_
+    c = load_job("digits", "digits", file_conf)
+    t, task, schema = c.training, c.task, c.dataset.schema_
     seed(c, seed=42)
     data = {}
     for shard in c.dataset.shards:

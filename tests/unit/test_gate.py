@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from insitu.config import GateConfig
+from insitu.conf import GateConfig
 from insitu.gate import decide as decide_on
 from insitu.specs.base import GateMetric
 

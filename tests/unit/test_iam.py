@@ -165,7 +165,7 @@ def test_the_shipped_aws_documents_are_the_ones_the_platform_enforces() -> None:
     """docs/iam/ is what `insitu iam-policies` writes for conf/sites.yaml; regenerate it when they differ."""
     from pathlib import Path
 
-    from insitu.config import load_sites
+    from insitu.conf import load_sites
     from insitu.governance.iam import policy_documents, render
 
     repo = Path(__file__).resolve().parents[2]

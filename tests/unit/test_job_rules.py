@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from insitu.config import load_conf
+from insitu.conf import load_conf
 from insitu.federated.job import resume_refusal, shard_plan, sites_prepared_before
 
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from insitu.config import ModelConfig
+from insitu.conf import ConfigError, ModelConfig, TrainingConfig
+from insitu.job import resolve_model
 from insitu.models import ModelContractError, Normalization, Standardized, build_model, model_factory
 
 
@@ -210,7 +211,10 @@ def test_contract_error_when_the_factory_does_not_accept_an_option(user_module: 
 
 
 def test_model_config_refuses_a_name_that_is_neither_builtin_nor_an_import_path() -> None:
-    for bad in ("my_mlp", "pkg.mod", "pkg/mod:make", "pkg.mod:make()", ":make"):
+    for bad in ("pkg.mod", "pkg/mod:make", "pkg.mod:make()", ":make"):
         with pytest.raises(pydantic.ValidationError, match="'package.module:function'"):
             ModelConfig(name=bad)
+    # A plain name is parsed, and refused when the job resolves it: it is no built-in model.
+    with pytest.raises(ConfigError, match=r"unknown model 'my_mlp'.*'package.module:function'"):
+        resolve_model(TrainingConfig(model=ModelConfig(name="my_mlp")))
     assert ModelConfig(name="pkg.sub_mod:make_net").name == "pkg.sub_mod:make_net"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from insitu.config import ModelConfig, TrainingConfig
+from insitu.conf import ModelConfig, TrainingConfig
+from insitu.job import resolve_strategy
 from insitu.models import build_model
 from insitu.parallel.pipeline import stage_bounds, stage_module
 
@@ -71,13 +72,14 @@ def test_a_model_that_cannot_be_split_is_refused_by_name() -> None:
      r"unknown mesh dimension\(s\) \['tp'\]"),
 ])
 def test_a_layout_that_cannot_work_is_refused_naming_the_key(keys: dict[str, object], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        TrainingConfig.model_validate(keys)
+    with pytest.raises(ValueError, match=message):  # the configuration's own check, or the strategy's
+        resolve_strategy(TrainingConfig.model_validate(keys))
 
 
 def test_layouts_that_work_load() -> None:
     t = TrainingConfig.model_validate({"strategy": "hybrid", "ranks_per_site": 8, "parallel": {
         "mesh": {"dp_shard": 2, "pp": 2, "dp_replicate": 2}}})
     assert list(t.parallel.mesh) == ["pp", "dp_replicate", "dp_shard"]  # outermost first, whatever the file's order
-    TrainingConfig.model_validate({"strategy": "fsdp", "ranks_per_site": 3})
-    TrainingConfig.model_validate({"strategy": "pipeline", "ranks_per_site": 4, "batch_size": 64})
+    resolve_strategy(t)
+    resolve_strategy(TrainingConfig.model_validate({"strategy": "fsdp", "ranks_per_site": 3}))
+    resolve_strategy(TrainingConfig.model_validate({"strategy": "pipeline", "ranks_per_site": 4, "batch_size": 64}))

@@ -202,7 +202,7 @@ def test_both_federation_modes_are_admitted_by_default_and_a_site_may_refuse_asy
 
 
 def test_the_job_context_carries_the_federation_mode() -> None:
-    from insitu.config import TrainingConfig
+    from insitu.conf import TrainingConfig
     from insitu.governance.policy import job_context
 
     assert job_context(TrainingConfig())["federation"] == "sync"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from insitu.config import DatasetConfig, load_conf
+from insitu.conf import DatasetConfig, load_conf
 from insitu.governance.audit import AuditLog, new_key, read_events, verify
 from insitu.governance.residency import (
     RULE_PINNED,

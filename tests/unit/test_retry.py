@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prefect.states import Failed
 
-from insitu.config import ConfigError
+from insitu.conf import ConfigError
 from insitu.federated.kinds import ExchangeError
 from insitu.governance.residency import ResidencyError
 from tasks.retry import retry_if_transient

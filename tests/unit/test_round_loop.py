@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from insitu.config import ValidationConfig
+from insitu.conf import ValidationConfig
 from insitu.federated.coordinator import run_rounds
 from insitu.federated.validation import RoundValidation, Selection
 from insitu.specs.base import GateMetric

@@ -14,7 +14,7 @@ import yaml
 from deployments.cli import check_schedule, validate
 from deployments.deploy import retrain_schedule, retrain_schedules
 from deployments.platform import REPO
-from insitu.config import ConfigError, DatasetsConfig, ScheduleConfig, load_conf, load_datasets
+from insitu.conf import ConfigError, DatasetsConfig, ScheduleConfig, load_conf, load_datasets
 
 WEEKLY = {"cron": "0 3 * * 1", "timezone": "Europe/Berlin", "training": "fraud", "active": True}
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 from protocol_examples import ran_as, store
 
-from insitu.config import Conf, load_conf
 from insitu.data.prepare import SPLITS, ShardReport, prepare_shard, prepared_prefix, quarantine_prefix
 from insitu.data.synthetic import generate
 from insitu.federated.exchange import Exchange, ExchangeError
 from insitu.federated.rounds import RoundResult, round_name
 from insitu.federated.schemas import ARTEFACTS, TrainMetrics
 from insitu.gate import decide
+from insitu.job import JobSpec, load_job
 from insitu.models import build_model
 from insitu.parallel.loop import train_epochs
 from insitu.summary import collect_identities, job_summary
@@ -26,8 +26,8 @@ JOB = "job-7"
 
 
 @pytest.fixture(scope="module")
-def conf() -> Conf:
-    return load_conf("fraud", directory=CONF_DIR)
+def conf() -> JobSpec:
+    return load_job("fraud", directory=CONF_DIR)
 
 
 def _ex(tmp_path: Path, writer: str) -> Exchange:
@@ -40,9 +40,9 @@ def test_every_artefact_has_a_byte_bound_and_one_writer() -> None:
         assert (a.schema is None) == a.pattern.pattern.endswith(r"\.pt")
 
 
-def test_the_plan_fits(tmp_path: Path, conf: Conf) -> None:
+def test_the_plan_fits(tmp_path: Path, conf: JobSpec) -> None:
     plan = {s: [sh.id for sh in conf.dataset.shards_of(s)] for s in conf.sites.names}
-    doc = {"job_id": JOB, "dataset": conf.dataset_name, "shards": plan, "config_hash": conf.config_hash(),
+    doc = {"job_id": JOB, "dataset": conf.dataset_name, "shards": plan, "config_hash": conf.config_hash,
            "training": conf.training.model_dump(mode="json")}  # as flows/retrain.py writes it
     coord = _ex(tmp_path, "coordinator")
     coord.put_json("plan", "plan.json", doc)
@@ -53,7 +53,7 @@ def test_the_plan_fits(tmp_path: Path, conf: Conf) -> None:
         coord.put_json("plan", "plan.json", {**doc, "training": {**doc["training"], "rows": [1, 2]}})
 
 
-def _prepared(tmp_path: Path, conf: Conf) -> list[ShardReport]:
+def _prepared(tmp_path: Path, conf: JobSpec) -> list[ShardReport]:
     """Real shard reports: one good shard, one unreadable (with a long error message)."""
     root = tmp_path / "site"
     (root / "raw/fraud").mkdir(parents=True)
@@ -70,7 +70,7 @@ def _prepared(tmp_path: Path, conf: Conf) -> list[ShardReport]:
     return reports
 
 
-def test_the_prepare_statistics_and_the_global_statistics_fit(tmp_path: Path, conf: Conf) -> None:
+def test_the_prepare_statistics_and_the_global_statistics_fit(tmp_path: Path, conf: JobSpec) -> None:
     from tasks.federation import publish_global_stats, publish_initial_weights
     from tasks.prepare import MAX_ERROR_CHARS, publishable
 
@@ -92,7 +92,7 @@ def test_the_prepare_statistics_and_the_global_statistics_fit(tmp_path: Path, co
     assert publish_initial_weights.fn(coord, conf, stats["norm"]) == first  # a re-run reads it back
 
 
-def test_a_site_with_statistics_of_another_width_is_refused(tmp_path: Path, conf: Conf) -> None:
+def test_a_site_with_statistics_of_another_width_is_refused(tmp_path: Path, conf: JobSpec) -> None:
     from protocol_examples import prepare_stats
 
     from tasks.federation import publish_global_stats
@@ -102,13 +102,13 @@ def test_a_site_with_statistics_of_another_width_is_refused(tmp_path: Path, conf
         publish_global_stats.fn(_ex(tmp_path, "coordinator"), conf, ["eu"])
 
 
-def test_an_update_manifest_with_the_real_training_metrics_fits(tmp_path: Path, conf: Conf) -> None:
+def test_an_update_manifest_with_the_real_training_metrics_fits(tmp_path: Path, conf: JobSpec) -> None:
     torch.manual_seed(0)
     model = build_model(conf.training.model, 30)
     ref = {k: v.clone() for k, v in model.state_dict().items()}
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(64, 30)).astype(np.float32), (rng.random(64) < 0.2).astype(np.float32)
-    metrics = train_epochs(model, x, y, conf.training, conf.task().loss({"pos_weight": 4.0}), seed=1)
+    metrics = train_epochs(model, x, y, conf.training, conf.task.loss({"pos_weight": 4.0}), seed=1)
     metrics.pop("loss_sum"), metrics.pop("loss_rows")  # rank_main reduces these into train_loss over the ranks
     metrics["ranks"], metrics["replicas"] = 2.0, 2.0  # what rank_main adds
     assert set(metrics) <= set(TrainMetrics.model_fields)
@@ -126,7 +126,7 @@ def test_the_champion_weights_fit(tmp_path: Path) -> None:
     assert man["version"] == "12" and torch.equal(state["w"], torch.zeros(2))
 
 
-def _summary(tmp_path: Path, conf: Conf, gate: dict[str, object]) -> dict[str, object]:
+def _summary(tmp_path: Path, conf: JobSpec, gate: dict[str, object]) -> dict[str, object]:
     from protocol_examples import evaluation, model_metrics, prepare_stats, publish_global, publish_update
 
     ref, base = publish_global(tmp_path, job=JOB)
@@ -146,8 +146,8 @@ def _summary(tmp_path: Path, conf: Conf, gate: dict[str, object]) -> dict[str, o
                        coord.ledger(), datetime.now(UTC), ids)
 
 
-def test_the_job_summary_fits(tmp_path: Path, conf: Conf) -> None:
-    decision = decide(conf.training.gate, conf.task().gate_metric(None), {"pr_auc": 0.4}, {"eu": {"pr_auc": 0.4}},
+def test_the_job_summary_fits(tmp_path: Path, conf: JobSpec) -> None:
+    decision = decide(conf.training.gate, conf.task.gate_metric(None), {"pr_auc": 0.4}, {"eu": {"pr_auc": 0.4}},
                       {"pr_auc": 0.3}, {"eu": {"pr_auc": 0.35}})
     gate = {**decision.as_dict(), "version": "3", "previous_champion": "2", "champion": "3"}  # gate_and_promote
     summary = _summary(tmp_path, conf, gate)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from deployments.platform import REPO
-from insitu.config import SchemaConfig, load_conf, load_datasets
+from insitu.conf import SchemaConfig, load_conf, load_datasets
 from insitu.data.features import feature_names, featurize
 from insitu.data.schema import validate
 from insitu.data.seed import seed

@@ -25,8 +25,9 @@ from sklearn.metrics import (
     roc_auc_score,
 )
 
-from insitu.config import ConfigError, SchemaConfig, load_conf
+from insitu.conf import ConfigError, SchemaConfig
 from insitu.federated.stats import partial_stats
+from insitu.job import load_job
 from insitu.metrics import withheld
 from insitu.specs import TASKS, TaskSpec, task_for_label
 
@@ -327,7 +328,7 @@ def _training(conf: Path, name: str, **changes: Any) -> Path:
 def test_conf_refuses_multiclass_on_a_bool_label(conf: Path) -> None:
     path = _training(conf, "mc", task="multiclass", gate={"primary_metric": None})
     with pytest.raises(ConfigError) as e:
-        load_conf("mc", "fraud", directory=conf)
+        load_job("mc", "fraud", directory=conf)
     msg = str(e.value)
     assert str(path) in msg and "key 'task'" in msg
     assert "needs a label column of type category" in msg and "'is_fraud' has type bool" in msg
@@ -336,7 +337,7 @@ def test_conf_refuses_multiclass_on_a_bool_label(conf: Path) -> None:
 def test_conf_refuses_a_gate_metric_of_another_task(conf: Path) -> None:
     path = _training(conf, "rm", gate={"primary_metric": "rmse"})
     with pytest.raises(ConfigError) as e:
-        load_conf("rm", "fraud", directory=conf)
+        load_job("rm", "fraud", directory=conf)
     msg = str(e.value)
     assert str(path) in msg and "key 'gate.primary_metric'" in msg
     assert "['pr_auc', 'roc_auc']" in msg and "'rmse'" in msg
@@ -353,8 +354,8 @@ def test_conf_loads_multiclass_on_a_category_label(conf: Path) -> None:
     }
     (conf / "datasets.yaml").write_text(yaml.safe_dump(datasets, sort_keys=False))
     _training(conf, "wine", task="multiclass", gate={"primary_metric": "accuracy", "absolute_floor": None})
-    c = load_conf("wine", "wine", directory=conf)
-    task = c.task()
+    c = load_job("wine", "wine", directory=conf)
+    task = c.task
     assert task.name == "multiclass" and task.n_outputs == 3
     assert task.gate_metric(c.training.gate.primary_metric).name == "accuracy"
 

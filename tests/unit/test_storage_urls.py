@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from insitu.config import normalise_store_url, stores_overlap
+from insitu.conf import normalise_store_url, stores_overlap
 
 
 @pytest.mark.parametrize(

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict
+from torch import nn
 
 from insitu.federated.states import delta_norm
 
@@ -42,9 +43,12 @@ class Aggregator(ABC):
     """
 
     name: ClassVar[str]
+    # Whether federation.mode async may use it: there the server step is the async algorithm's, so only an
+    # aggregator whose part is what sites train with (FedAvg's plain step, FedProx's proximal term) fits.
+    runs_in_async_mode: ClassVar[bool] = False
 
     class Options(BaseModel):
-        """The aggregator's own options (``aggregator_options`` in a training config); none by default."""
+        """The aggregator's own options (``aggregator.options`` in a training config); none by default."""
 
         # Frozen: one options object may be shared by rounds and must not drift. No NaN/inf: they would only
         # surface as a diverged model rounds later. Strict: `mu: "0.1"` or `mu: yes` in YAML is a mistake to
@@ -61,6 +65,15 @@ class Aggregator(ABC):
             raise ValueError(f"max_update_norm must be a positive finite number or None, got {max_update_norm!r}")
         self.options = options
         self.max_update_norm = max_update_norm
+
+    @classmethod
+    def site_gradient_hook(cls, params: list[tuple[str, nn.Parameter]], reference: Mapping[str, torch.Tensor],
+                           site_options: Mapping[str, float]) -> Callable[[], None] | None:
+        """The aggregator's part in a site's training: called after each step's backward, before the optimizer
+        step, on the parameters a rank holds (whole model, FSDP shard or pipeline stage, by the unwrapped model's
+        names), with the round's global state as ``reference`` and :meth:`configure`'s ``site_options``. None
+        (the default): plain local training."""
+        return None
 
     def configure(self, rnd: int) -> dict[str, float]:
         """What sites train with in round ``rnd`` (e.g. a proximal coefficient); nothing by default."""

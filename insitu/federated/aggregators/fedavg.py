@@ -53,6 +53,7 @@ class FedAvg(Aggregator):
     """The sample-weighted mean; stateless."""
 
     name = "fedavg"
+    runs_in_async_mode = True  # FedAsync's paper trains sites with plain local SGD (or FedProx's term)
 
     def _aggregate(
         self,

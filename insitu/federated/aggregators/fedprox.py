@@ -8,7 +8,7 @@ any in-site strategy (a sharded or pipelined model), its gradient (:class:`Proxi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated
 
 import torch
@@ -31,6 +31,12 @@ class FedProx(FedAvg):
 
     def configure(self, rnd: int) -> dict[str, float]:
         return {"proximal_mu": self.options.mu}
+
+    @classmethod
+    def site_gradient_hook(cls, params: list[tuple[str, nn.Parameter]], reference: Mapping[str, torch.Tensor],
+                           site_options: Mapping[str, float]) -> Callable[[], None] | None:
+        mu = float(site_options.get("proximal_mu", 0.0))
+        return ProximalGradient(params, reference, mu) if mu else None
 
 
 def proximal_term(model: nn.Module, reference: Mapping[str, torch.Tensor], mu: float) -> torch.Tensor:

@@ -9,7 +9,7 @@ coordinator's loop over the exchange. Core: no Prefect here.
 
 from __future__ import annotations
 
-from insitu.config import AsyncConfig
+from insitu.conf import AsyncConfig
 from insitu.federated.asynchronous.base import AsyncAlgorithm, Decision, Entry, Receipt, ServerState, SiteUpdate
 from insitu.federated.asynchronous.fedasync import FedAsync
 from insitu.federated.asynchronous.fedbuff import FedBuff

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from insitu.config import AsyncConfig
+from insitu.conf import AsyncConfig
 from insitu.federated.asynchronous.staleness import staleness_weight
 
 State = dict[str, torch.Tensor]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from insitu.config import AsyncConfig, StalenessConfig
+from insitu.conf import AsyncConfig, StalenessConfig
 from insitu.federated.asynchronous import FedAsync, ServerState, SiteUpdate, build_algorithm
 
 

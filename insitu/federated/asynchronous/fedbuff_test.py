@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from insitu.config import AsyncConfig, StalenessConfig
+from insitu.conf import AsyncConfig, StalenessConfig
 from insitu.federated.asynchronous import FedBuff, ServerState, SiteUpdate, build_algorithm
 
 

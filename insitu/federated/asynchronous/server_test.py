@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from insitu.config import AsyncConfig
+from insitu.conf import AsyncConfig
 from insitu.federated.asynchronous import build_algorithm
 from insitu.federated.asynchronous.server import ParameterServer
 from insitu.federated.exchange import Exchange

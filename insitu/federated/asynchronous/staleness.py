@@ -7,7 +7,7 @@ trained from. Xie et al. (2019, "Asynchronous Federated Optimization", §5.2) we
 
 from __future__ import annotations
 
-from insitu.config import StalenessConfig
+from insitu.conf import StalenessConfig
 
 
 def staleness_weight(config: StalenessConfig, staleness: int) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from insitu.config import StalenessConfig
+from insitu.conf import StalenessConfig
 from insitu.federated.asynchronous.staleness import staleness_weight
 
 

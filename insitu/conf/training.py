@@ -1,0 +1,257 @@
+"""``training/*.yaml``: what one job trains and how — learning task, model, optimiser, rounds, aggregator,
+in-site strategy, federation mode, split, gate, validation, checkpoints, registered model name.
+
+Names of components (learning task, model, aggregator, strategy) are only parsed here: which names exist and
+what options each takes is decided by the component itself, when :func:`insitu.job.load_job` resolves them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from insitu.conf.errors import Refusal
+from insitu.conf.names import IMPORT_PATH, SITE_NAME
+from insitu.conf.strict import Strict
+
+
+class ModelConfig(Strict):
+    """A built-in model by name (``tabular_mlp``) or a user's own factory by import path (``pkg.mod:make``)."""
+
+    name: str = "tabular_mlp"
+    hidden: Annotated[list[Annotated[int, Field(ge=1, le=65536)]], Field(min_length=1)] = [64, 32]
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
+    options: dict[str, Any] = Field(default_factory=dict,
+                                    description="keyword arguments of a user's model factory (JSON values)")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        # Which built-in names exist is the models' business (insitu/job.py resolves it); here only the shape.
+        if not (v.isidentifier() or re.fullmatch(IMPORT_PATH, v)):
+            raise ValueError("a model is a built-in name such as 'tabular_mlp', or your own factory as "
+                             "'package.module:function' (see docs/bring-your-own.md)")
+        return v
+
+
+class TaskConfig(Strict):
+    """What is learnt: the task decides the outputs, the loss, the metrics and what the gate may use."""
+
+    name: str = "binary"
+    loss: Literal["mse", "huber", "poisson"] = Field(
+        "mse", description="regression only: mse or huber on the standardised label; poisson for a count label "
+                           "(log link: predictions are exp(output), never negative)")
+    huber_delta: Annotated[float, Field(gt=0.0)] = 1.0
+
+
+class OptimizerConfig(Strict):
+    name: Literal["adam", "sgd", "adamw"] = "adam"
+    lr: Annotated[float, Field(gt=0.0, le=10.0)] = 1e-3
+    weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
+    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+
+
+class AggregatorConfig(Strict):
+    """How the coordinator combines the sites' updates: an aggregator of insitu/federated/aggregators/ by
+    name, with its options (e.g. ``{name: fedprox, options: {mu: 0.01}}``)."""
+
+    name: str = "fedavg"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class StalenessConfig(Strict):
+    """How much an update trained from an older global version counts, s(τ) (Xie et al. 2019, §5.2), with τ the
+    staleness: ``constant`` 1; ``polynomial`` (1 + τ)^-a; ``hinge`` 1 up to τ = b, then 1 / (a·(τ − b) + 1)."""
+
+    function: Literal["constant", "polynomial", "hinge"] = "polynomial"
+    a: Annotated[float, Field(ge=0.0, le=100.0)] = 0.5
+    b: Annotated[int, Field(ge=0, le=10000)] = 4
+
+
+class AsyncConfig(Strict):
+    """``federation.asynchronous``: the coordinator as a parameter server (used when ``federation.mode: async``).
+
+    ``fedasync`` mixes every accepted update into the global model at once, w ← (1 − α_t)·w + α_t·w_site with
+    α_t = alpha · s(staleness); ``fedbuff`` keeps ``buffer_size`` updates and then takes one server step,
+    w ← w + alpha · mean_i(s(staleness_i) · (w_site_i − w_base_i)). Either way one application is one new
+    global version, and an update whose staleness (newest version − the version it trained from) exceeds
+    ``max_staleness`` is refused: the site is told to refresh, and the refusal is audited.
+    """
+
+    algorithm: Literal["fedasync", "fedbuff"] = "fedasync"
+    alpha: Annotated[float, Field(gt=0.0, le=10.0)] = Field(
+        0.6, description="fedasync: the mixing weight (at most 1); fedbuff: the server learning rate")
+    staleness: StalenessConfig = StalenessConfig()
+    # fedasync ignores it (every update is applied at once); not an error, so that a config can switch algorithm.
+    buffer_size: Annotated[int, Field(ge=1, le=1000)] = Field(2, description="fedbuff: updates per server step")
+    max_staleness: Annotated[int, Field(ge=0, le=10000)] = Field(
+        4, description="refuse an update trained from a version more than this many versions old")
+
+    @model_validator(mode="after")
+    def _mixing(self) -> AsyncConfig:
+        if self.algorithm == "fedasync" and self.alpha > 1.0:
+            raise ValueError(f"fedasync mixes (1 - alpha)·w + alpha·w_site: alpha must be at most 1, got "
+                             f"{self.alpha:g} (a larger step is fedbuff's server learning rate)")
+        return self
+
+
+class FederationConfig(Strict):
+    min_sites: Annotated[int, Field(ge=1)] = 1
+    round_deadline_s: Annotated[float, Field(gt=0)] = Field(
+        180.0, description="sync: how long a round waits for updates; async: how long the coordinator waits for "
+                           "the next update before it gives up on the job")
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="sync: rounds (every site trains the same global model, the coordinator waits for "
+                            "them); async: sites train continuously and the coordinator applies updates as they "
+                            "arrive (see asynchronous); either way `rounds` counts the global versions made")
+    asynchronous: AsyncConfig = AsyncConfig()
+    # A test and benchmark knob, not a production setting: a site named here sleeps this long after training,
+    # before it publishes its update, so that one site is deliberately slow. A site reads its own entry from
+    # its own copy of the approved config, so the coordinator cannot slow a site down.
+    simulated_delay_s: Annotated[dict[Annotated[str, Field(pattern=SITE_NAME)],
+                                      Annotated[float, Field(ge=0.0, le=3600.0)]], Field(max_length=64)] = Field(
+        default_factory=dict, description="test/benchmark knob: {site: seconds} a site waits before publishing "
+                                          "each update (a deliberately slow site)")
+
+
+class SplitConfig(Strict):
+    train: Annotated[float, Field(gt=0, lt=1)] = 0.7
+    val: Annotated[float, Field(ge=0, lt=1)] = 0.15
+    test: Annotated[float, Field(gt=0, lt=1)] = 0.15
+
+    @model_validator(mode="after")
+    def _sum(self) -> SplitConfig:
+        total = self.train + self.val + self.test
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"train + val + test must equal 1.0 (got {total:g})")
+        return self
+
+
+class CheckpointConfig(Strict):
+    """In-site checkpoints (torch.distributed.checkpoint) to the site's store."""
+
+    enabled: bool = True
+    every_steps: Annotated[int, Field(ge=0)] = 0  # 0: at the end of every local epoch only
+
+
+class GateConfig(Strict):
+    """When a candidate replaces the champion (see insitu/gate.py)."""
+
+    primary_metric: str | None = Field(None, description="a gate metric of the task; empty: the task's first "
+                                       "(binary pr_auc, multiclass macro_f1, regression rmse)")
+    margin: Annotated[float, Field(ge=0.0)] = 0.0
+    max_site_drop: Annotated[float, Field(ge=0.0)] = 0.05
+    absolute_floor: float | None = Field(None, description="what the very first model must reach: a floor for a "
+                                         "higher-is-better metric, a ceiling otherwise; empty: the task's default")
+
+
+class ValidationConfig(Strict):
+    """Per-round federated validation: every round, each site scores the new global model on its own
+    validation split; the coordinator combines the sites' metrics into one value per round."""
+
+    metric: str | None = Field(None, description="a gate metric of the task; empty: the gate's primary metric")
+    patience: Annotated[int, Field(ge=0)] = Field(
+        0, description="stop early after this many rounds without improvement (0: never stop early)")
+    min_delta: Annotated[float, Field(ge=0.0)] = Field(0.0, description="smaller improvements do not count")
+    select: Literal["best", "last"] = Field(
+        "best", description="the model registered and gated: the best round by the validation metric, or the last")
+
+
+class FsdpConfig(Strict):
+    """Strategy ``fsdp`` (and the data-parallel part of ``hybrid``): FSDP2 ``fully_shard`` options."""
+
+    mixed_precision: Literal["auto", "bf16", "fp32"] = Field(
+        "auto", description="parameter dtype in forward/backward (gradients are reduced in fp32): auto is bf16 "
+                            "on GPU and fp32 on CPU")
+    activation_checkpointing: bool = Field(False, description="recompute each block's activations in backward "
+                                           "(less memory, about a third more compute)")
+    reshard_after_forward: bool = Field(True, description="free gathered parameters after forward (ZeRO-3); "
+                                        "false keeps them until backward (ZeRO-2: more memory, less traffic)")
+
+
+class PipelineConfig(Strict):
+    """Strategy ``pipeline`` (and the pipeline part of ``hybrid``): ``torch.distributed.pipelining``."""
+
+    schedule: Literal["gpipe", "1f1b"] = Field("1f1b", description="GPipe (all forwards, then all backwards) or "
+                                               "1F1B (interleaved: fewer activations alive at once)")
+    microbatches: Annotated[int, Field(ge=1, le=4096)] = Field(
+        4, description="micro-batches per step; the per-replica batch must be a multiple of it")
+    split_points: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None, description="the block index where each stage after the first begins (one per extra stage); "
+                          "empty: blocks split evenly")
+
+
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard")
+
+
+class ParallelConfig(Strict):
+    """How a site's ranks share the model (see the README, 'Which strategy when')."""
+
+    mesh: dict[str, Annotated[int, Field(ge=1)]] = Field(
+        default_factory=dict, description="strategy hybrid: the device mesh's shape, e.g. {pp: 2, dp_shard: 2} "
+        "(pipeline × FSDP) or {dp_replicate: 2, dp_shard: 2} (HSDP); the sizes multiply to ranks_per_site")
+    fsdp: FsdpConfig = FsdpConfig()
+    pipeline: PipelineConfig = PipelineConfig()
+
+    @field_validator("mesh")
+    @classmethod
+    def _dims(cls, v: dict[str, int]) -> dict[str, int]:
+        unknown = sorted(set(v) - set(MESH_DIMS))
+        if unknown:
+            raise ValueError(f"unknown mesh dimension(s) {unknown}; known: {list(MESH_DIMS)}")
+        return {d: v[d] for d in MESH_DIMS if d in v}  # one order, whatever the file's
+
+
+class RegistryConfig(Strict):
+    model_name: Annotated[str, Field(min_length=1)] = "insitu-fraud"
+
+
+class TrainingConfig(Strict):
+    task: TaskConfig = TaskConfig()
+    model: ModelConfig = ModelConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    rounds: Annotated[int, Field(ge=1, le=10000)] = 5
+    local_epochs: Annotated[int, Field(ge=1, le=1000)] = 1
+    batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = 256
+    aggregator: AggregatorConfig = AggregatorConfig()
+    seed: int = 0
+    strategy: str = "single"
+    ranks_per_site: Annotated[int, Field(ge=1, le=1024)] = 1
+    parallel: ParallelConfig = ParallelConfig()
+    federation: FederationConfig = FederationConfig()
+    split: SplitConfig = SplitConfig()
+    registry: RegistryConfig = RegistryConfig()
+    gate: GateConfig = GateConfig()
+    validation: ValidationConfig = ValidationConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _task_name(cls, v: Any) -> Any:
+        return {"name": v} if isinstance(v, str) else v  # `task: multiclass` is short for `task: {name: …}`
+
+    @field_validator("aggregator", mode="before")
+    @classmethod
+    def _aggregator_name(cls, v: Any) -> Any:
+        return {"name": v} if isinstance(v, str) else v  # `aggregator: fedavg` is short for `{name: fedavg}`
+
+    @field_validator("ranks_per_site")
+    @classmethod
+    def _ranks(cls, v: int, info: ValidationInfo) -> int:
+        if info.data.get("strategy") == "single" and v != 1:
+            raise ValueError("strategy 'single' runs one rank per site: set ranks_per_site: 1")
+        return v
+
+    @model_validator(mode="after")
+    def _async_mode(self) -> TrainingConfig:
+        """What async mode cannot do (yet), said at load time rather than found out mid-job."""
+        if self.federation.mode != "async":
+            return self
+        if self.validation.select != "last" or self.validation.patience:
+            raise Refusal("federation.mode async registers the last global version (sites validate only the "
+                           "versions they pull, so there is no complete history to pick the best from or to "
+                           "stop early on): set validation.select: last and validation.patience: 0",
+                           at=("validation",))
+        return self
