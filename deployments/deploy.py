@@ -17,7 +17,7 @@ from prefect.schedules import Cron, Schedule
 
 from deployments.worker_policy import COORDINATOR_FLOWS, SITE_FLOWS
 from insitu.conf import DatasetsConfig, ScheduleConfig, SitesConfig, load_training
-from tasks.registry import ensure_registry_lock
+from tasks.promotion import ensure_registry_lock
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent

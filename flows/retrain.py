@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +25,7 @@ from insitu.federated.job import resume_refusal, shard_plan, sites_prepared_befo
 from insitu.federated.kinds import COORDINATOR, MAX_UPDATE_NORM
 from insitu.federated.paths import ABORT, CHAMPION, GLOBAL_STATS, PLAN, PREPARE_STATS, SUMMARY, global_weights
 from insitu.federated.validation import RoundValidation, Selection
+from insitu.gate import Promotion
 from insitu.governance.approvals import approvals_dir, find_approval
 from insitu.governance.audit_service import Auditor
 from insitu.governance.request import (
@@ -44,19 +45,18 @@ from tasks.dispatch import failed, run_states, start_site_runs, wait_for_runs
 from tasks.evaluate import read_evaluations
 from tasks.federation import FederatedRounds, publish_global_stats, publish_initial_weights
 from tasks.federation_async import run_async, update_limit
-from tasks.registry import (
+from tasks.figures import log_figures
+from tasks.mlflow_runs import (
     finish_runs,
-    gate_and_promote,
-    load_champion,
     log_async_version,
-    log_figures,
     log_phase_time,
     log_round,
     log_validation,
     logged_rounds,
-    register_model,
     start_runs,
 )
+from tasks.promotion import gate_and_promote
+from tasks.registration import Champion, Registration, load_champion, register_model
 
 
 class RetrainParams(BaseModel):
@@ -113,7 +113,7 @@ class Evaluated:
     raw: dict[str, dict[str, Any]]
     site_metrics: dict[str, dict[str, float]]
     global_metrics: dict[str, float]
-    champion: dict[str, Any] | None
+    champion: Champion | None
     champion_sites: dict[str, dict[str, float]] | None
     champion_global: dict[str, float] | None
 
@@ -131,7 +131,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
         outcome = train(job, sites, mlruns)
         evaluated = evaluate(job, sites, outcome, stats["norm"]["features"])
         reg = register(job, mlruns, outcome, evaluated, stats["norm"], sites)
-    decision = gate_and_promote(job.conf, job.job_id, reg["version"], evaluated.global_metrics,
+    decision = gate_and_promote(job.conf, job.job_id, reg.version, evaluated.global_metrics,
                                 evaluated.site_metrics, evaluated.champion, evaluated.champion_global,
                                 evaluated.champion_sites)
     return finish(job, mlruns, reg, decision, sites, stats, outcome, evaluated)
@@ -270,7 +270,7 @@ def evaluate(job: Job, sites: list[str], outcome: RoundsOutcome, features: list[
     final = global_weights(outcome.selected).name  # as the sites' evaluations name it
     names = [final]
     if champion:
-        ex.put_state(CHAMPION, champion["state"], version=champion["version"])
+        ex.put_state(CHAMPION, champion.state, version=champion.version)
         names.append(CHAMPION.name)
     ids = start_site_runs("site-evaluate", {s: {**job.common, "weights": names} for s in sites}, job.pools)
     bad = failed(wait_for_runs(ids, job.params.phase_timeout_s))
@@ -287,7 +287,7 @@ def evaluate(job: Job, sites: list[str], outcome: RoundsOutcome, features: list[
 
 
 def register(job: Job, mlruns: dict[str, str], outcome: RoundsOutcome, evaluated: Evaluated, norm: dict[str, Any],
-             sites: list[str]) -> dict[str, Any]:
+             sites: list[str]) -> Registration:
     """Register the selected model (checked to be the one this coordinator aggregated) with its metrics and
     lineage; log the figures."""
     selected = global_weights(outcome.selected)
@@ -304,17 +304,17 @@ def register(job: Job, mlruns: dict[str, str], outcome: RoundsOutcome, evaluated
     return reg
 
 
-def finish(job: Job, mlruns: dict[str, str], reg: dict[str, Any], decision: dict[str, Any], sites: list[str],
+def finish(job: Job, mlruns: dict[str, str], reg: Registration, promotion: Promotion, sites: list[str],
            stats: dict[str, Any], outcome: RoundsOutcome, evaluated: Evaluated) -> dict[str, Any]:
     """Close the MLflow runs, audit the registration and the gate, countersign the sites' audit heads, and
     publish the job's summary."""
     logger, t = get_run_logger(), job.training
-    finish_runs(mlruns, decision)
-    job.audit.append("model.registered", job_id=job.job_id, flow_run_id=job.fr_id, **reg)
-    job.audit.append("model.gate", job_id=job.job_id, flow_run_id=job.fr_id, model=reg["model_name"],
-                     version=reg["version"], passed=decision["passed"], reason=decision["reason"],
-                     champion=decision["champion"], previous_champion=decision["previous_champion"])
-    reg = {**reg, "alias": "champion" if decision["passed"] else "challenger", "gate": decision}
+    finish_runs(mlruns, promotion)
+    job.audit.append("model.registered", job_id=job.job_id, flow_run_id=job.fr_id, **reg.as_dict())
+    job.audit.append("model.gate", job_id=job.job_id, flow_run_id=job.fr_id, model=reg.model_name,
+                     version=reg.version, passed=promotion.passed, reason=promotion.reason,
+                     champion=promotion.champion, previous_champion=promotion.previous_champion)
+    reg = replace(reg, alias=promotion.alias)  # where the gate left it
     countersign(job.audit, job.ex.store, sites, job.job_id)
     identities = collect_identities(job.ex, ran_as(job.ident), sites, evaluated.sites, t.rounds)
     withheld = withheld_by_floor({s: {"model": m} for s, m in evaluated.raw.items()}, "model")
@@ -322,14 +322,15 @@ def finish(job: Job, mlruns: dict[str, str], reg: dict[str, Any], decision: dict
         if left_out:
             logger.warning("the row floor left %s out of the %s", left_out, what)
     summary = job_summary(job.job_id, job.conf, stats["per_site"], outcome.results, evaluated.site_metrics,
-                          evaluated.global_metrics, reg, job.ex.ledger(), job.started, identities, withheld,
+                          evaluated.global_metrics, {**reg.as_dict(), "gate": promotion.as_record()},
+                          job.ex.ledger(), job.started, identities, withheld,
                           selection=outcome)
     job.ex.put_json(SUMMARY, summary)
     create_markdown_artifact(key="retrain-summary", markdown=summary_markdown(summary),
                              description=f"insitu job {job.job_id}")
     primary = job.conf.task.gate_metric(t.gate.primary_metric).name
-    logger.info("job %s done: %s v%s (%s), global %s %.4f; gate: %s", job.job_id, reg["model_name"], reg["version"],
-                reg["alias"], primary, evaluated.global_metrics.get(primary, float("nan")), decision["reason"])
+    logger.info("job %s done: %s v%s (%s), global %s %.4f; gate: %s", job.job_id, reg.model_name, reg.version,
+                reg.alias, primary, evaluated.global_metrics.get(primary, float("nan")), promotion.reason)
     return summary
 
 

@@ -1,6 +1,7 @@
 """The champion/challenger gate: promote a candidate only when it is better, everywhere enough.
 
-Pure decision logic; the Prefect layer gathers the metrics and moves the aliases.
+Pure decision logic; the Prefect layer (``tasks/promotion.py``) gathers the metrics, holds the lock and moves
+the aliases.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def decide(
                         f"site got worse by more than {cfg.max_site_drop:.4f}", m, cand, champ, deltas)
 
 
-# ---- the registry's side of the decision: what a candidate is compared with, and what stands already
+# ---- the model registry's side of the decision: what a candidate is compared with, and what stands already
 def judged(tags: Mapping[str, str]) -> tuple[bool, str] | None:
     """A version's recorded gate decision (passed, reason), or None when it was not judged yet.
 
@@ -104,6 +105,18 @@ def comparison_basis(evaluated: str | None, current: str | None) -> str:
     return "evaluated" if current == evaluated else "recorded"
 
 
+def metric_tags(global_metrics: Mapping[str, float], site_metrics: Mapping[str, Mapping[str, float]],
+                gate_metrics: list[str]) -> dict[str, str]:
+    """The test metrics a version carries as tags from its registration on (read back by
+    :func:`recorded_metrics`): every global one, and each site's gate metrics. NaN is left out."""
+    tags = {f"global_test_{k}": f"{v:.6f}" for k, v in global_metrics.items() if not math.isnan(v)}
+    for site, metrics in site_metrics.items():
+        for k in gate_metrics:
+            if k in metrics and not math.isnan(metrics[k]):
+                tags[f"site_{site}_test_{k}"] = f"{metrics[k]:.6f}"
+    return tags
+
+
 def recorded_metrics(tags: Mapping[str, str], metric: str) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """A version's global and per-site test ``metric`` from its tags (written at registration)."""
     glob = {metric: float(tags.get(f"global_test_{metric}", "nan"))}
@@ -112,3 +125,68 @@ def recorded_metrics(tags: Mapping[str, str], metric: str) -> tuple[dict[str, fl
         if k.startswith("site_") and k.endswith(f"_test_{metric}"):
             sites[k[len("site_"): -len(f"_test_{metric}")]] = {metric: float(v)}
     return glob, sites
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """The gate's outcome for one registered version, and where the ``champion`` alias points afterwards.
+
+    ``basis`` is what the candidate was judged against (:func:`comparison_basis`), or ``"judged"``: the version
+    carried a decision already (a re-run of its job), which stands, and nothing is to be written again.
+    """
+
+    version: str
+    passed: bool
+    reason: str
+    primary_metric: str
+    candidate: float | dict[str, float]  # a version judged before reports the candidate's global metrics
+    site_deltas: dict[str, float]
+    previous_champion: str | None  # the champion the gate found (None when the version was judged before)
+    champion: str | None  # the champion after the gate
+    basis: str
+
+    @property
+    def alias(self) -> str:
+        """The alias the version ends with: ``champion`` if it passed, else it stays ``challenger``."""
+        return "champion" if self.passed else "challenger"
+
+    def as_record(self) -> dict[str, Any]:
+        """The job summary's gate record (``insitu.federated.schemas.GateRecord``)."""
+        return {"passed": self.passed, "reason": self.reason, "primary_metric": self.primary_metric,
+                "candidate": self.candidate, "site_deltas": self.site_deltas, "version": self.version,
+                "previous_champion": self.previous_champion, "champion": self.champion}
+
+
+def promotion(
+    cfg: GateConfig,
+    metric: GateMetric,
+    version: str,
+    version_tags: Mapping[str, str],
+    candidate_global: Mapping[str, float],
+    candidate_sites: Mapping[str, Mapping[str, float]],
+    scored_champion: str | None,
+    champion_global: Mapping[str, float] | None,
+    champion_sites: Mapping[str, Mapping[str, float]] | None,
+    current_champion: str | None,
+    current_tags: Mapping[str, str],
+) -> Promotion:
+    """Judge ``version`` under the model registry's lock, from what the registry holds now.
+
+    ``scored_champion`` is the champion version the sites scored beside the candidate (``champion_global`` and
+    ``champion_sites`` are their scores); ``current_champion`` and ``current_tags`` are the champion alias's version
+    and tags read inside the lock. A version already judged keeps its decision; if another job promoted a
+    different version since the sites scored, the candidate is compared with that version's recorded metrics.
+    """
+    before = judged(version_tags)
+    if before is not None:
+        passed, reason = before
+        return Promotion(version, passed, reason, metric.name, dict(candidate_global), {}, None, current_champion,
+                         "judged")
+    basis = comparison_basis(scored_champion, current_champion)
+    if basis == "recorded":
+        champion_global, champion_sites = recorded_metrics(current_tags, metric.name)
+    elif basis == "none":
+        champion_global, champion_sites = None, None
+    d = decide(cfg, metric, candidate_global, candidate_sites, champion_global, champion_sites)
+    return Promotion(version, d.passed, d.reason, d.primary_metric, d.candidate, d.site_deltas, current_champion,
+                     version if d.passed else current_champion, basis)

@@ -15,7 +15,9 @@ from prefect import flow
 from deployments.deploy import ensure_registry_lock
 from deployments.platform import Platform
 from insitu.conf import load_conf
-from tasks.registry import gate_and_promote
+from insitu.gate import Promotion
+from tasks.promotion import gate_and_promote
+from tasks.registration import Champion
 
 pytestmark = pytest.mark.e2e
 
@@ -37,10 +39,10 @@ def _version(client: MlflowClient, name: str, pr_auc: float) -> str:
 
 
 @flow
-def promote(conf: Any, version: str, pr_auc: float, champion_version: str) -> dict[str, Any]:
+def promote(conf: Any, version: str, pr_auc: float, champion_version: str) -> Promotion:
     # Both candidates were evaluated against the same (soon stale) champion, v1 at PR-AUC 0.30.
     return gate_and_promote(conf, f"job-{version}", version, {"pr_auc": pr_auc}, {"eu": {"pr_auc": pr_auc}},
-                            {"version": champion_version}, {"pr_auc": 0.30}, {"eu": {"pr_auc": 0.30}})
+                            Champion(champion_version, {}), {"pr_auc": 0.30}, {"eu": {"pr_auc": 0.30}})
 
 
 def _setup(platform: Platform) -> tuple[Any, MlflowClient, str, str, str, str]:
@@ -60,12 +62,12 @@ def test_stale_candidate_is_judged_against_the_new_champion(platform: Platform) 
     conf, client, name, v1, better, worse = _setup(platform)
     assert promote(conf, better, 0.50, v1)["passed"]
     d = promote(conf, worse, 0.40, v1)  # it beat v1, but v(better) is champion now
-    assert not d["passed"] and d["previous_champion"] == better
+    assert not d.passed and d.previous_champion == better
     assert client.get_model_version_by_alias(name, "champion").version == better
     assert client.get_model_version(name, worse).tags["gate"] == "failed"
     # a re-run of the worse job (same version) keeps the recorded decision, even with other numbers
     again = promote(conf, worse, 0.99, v1)
-    assert not again["passed"] and client.get_model_version_by_alias(name, "champion").version == better
+    assert not again.passed and client.get_model_version_by_alias(name, "champion").version == better
 
 
 def test_concurrent_promotions_leave_the_best_as_champion(platform: Platform) -> None:

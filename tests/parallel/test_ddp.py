@@ -11,8 +11,9 @@ import pytest
 import torch
 from distributed import LocalCluster
 
-from insitu.conf import TrainingConfig
+from insitu.conf import AggregatorConfig, TrainingConfig
 from insitu.data.prepare import prepared_prefix
+from insitu.federated.aggregators import build_aggregator
 from insitu.models import build_model
 from insitu.parallel import DataRef, TrainSpec
 from insitu.parallel.launch import LaunchError, launch_on_dask
@@ -95,7 +96,9 @@ def test_ddp_matches_one_rank_on_the_same_global_batch(cluster: str, spec: Train
 def test_fedprox_term_trains_the_same_under_ddp_as_in_one_process(cluster: str, spec: TrainSpec) -> None:
     """The aggregator's configure hook (FedProx's mu) reaches every rank; the proximal term pulls the weights
     toward the round's global ones, and DDP's result equals one process's with the term written out."""
-    spec.site_options = {"proximal_mu": 0.5}
+    spec.training = spec.training.model_copy(update={"aggregator": AggregatorConfig(name="fedprox",
+                                                                                   options={"mu": 0.5})})
+    spec.site_options = build_aggregator("fedprox", {"mu": 0.5}).configure(0)  # what a site's round passes in
     result = train_site(spec, cluster)
     ref, _ = _reference(spec, mu=0.5)
     for k in ref:

@@ -20,7 +20,7 @@ from prefect import flow
 
 from deployments.platform import COORDINATOR, Platform
 from insitu.conf import load_conf
-from tasks.registry import WEIGHTS_DIR, WEIGHTS_FILE, load_champion
+from tasks.registration import WEIGHTS_DIR, WEIGHTS_FILE, load_champion
 
 pytestmark = pytest.mark.e2e
 FEATURES = ["amount", "hour"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from insitu.conf import GateConfig
+from insitu.gate import Promotion, metric_tags, promotion, recorded_metrics
 from insitu.gate import decide as decide_on
 from insitu.specs.base import GateMetric
 
@@ -80,3 +81,47 @@ def test_what_a_candidate_is_compared_with_under_the_registry_lock() -> None:
             "site_eu_test_roc_auc": "0.9", "gate": "failed", "gate_reason": "worse"}
     assert recorded_metrics(tags, "pr_auc") == ({"pr_auc": 0.41}, {"eu": {"pr_auc": 0.5}, "us-2": {"pr_auc": 0.3}})
     assert judged(tags) == (False, "worse") and judged({"gate": "passed"}) == (True, "") and judged({}) is None
+
+
+def test_the_metric_tags_a_version_is_registered_with_read_back() -> None:
+    tags = metric_tags({"pr_auc": 0.4123456789, "roc_auc": float("nan"), "count": 100.0},
+                       {"eu": {"pr_auc": 0.5, "roc_auc": 0.9}, "us-2": {"pr_auc": float("nan")}, "fr": {}},
+                       ["pr_auc", "roc_auc"])
+    assert tags == {"global_test_pr_auc": "0.412346", "global_test_count": "100.000000",
+                    "site_eu_test_pr_auc": "0.500000", "site_eu_test_roc_auc": "0.900000"}  # NaN left out
+    assert recorded_metrics(tags, "pr_auc") == ({"pr_auc": 0.412346}, {"eu": {"pr_auc": 0.5}})
+
+
+def _promote(version_tags: dict[str, str], scored: str | None, current: str | None, current_tags: dict[str, str],
+             candidate: float = 0.6) -> Promotion:
+    return promotion(CFG, PR_AUC, "5", version_tags, {"pr_auc": candidate}, {"eu": {"pr_auc": candidate}},
+                     scored, {"pr_auc": 0.5}, {"eu": {"pr_auc": 0.5}}, current, current_tags)
+
+
+def test_promotion_of_a_first_model_and_against_the_scored_champion() -> None:
+    first = _promote({}, None, None, {}, candidate=0.25)
+    assert (first.passed, first.basis, first.previous_champion, first.champion, first.alias) == (
+        True, "none", None, "5", "champion")
+    first = _promote({}, "3", None, {}, candidate=0.1)  # the alias was removed since: the floor decides
+    assert (first.passed, first.basis, first.champion, first.alias) == (False, "none", None, "challenger")
+    beat = _promote({}, "3", "3", {"global_test_pr_auc": "0.9"})  # the sites' scores of v3 stand, not its tags
+    assert (beat.passed, beat.basis, beat.previous_champion, beat.champion) == (True, "evaluated", "3", "5")
+    assert beat.candidate == 0.6 and math.isclose(beat.site_deltas["eu"], 0.1)
+    lost = _promote({}, "3", "3", {}, candidate=0.505)
+    assert (lost.passed, lost.champion, lost.alias) == (False, "3", "challenger")
+
+
+def test_promotion_against_a_champion_promoted_meanwhile_uses_its_recorded_metrics() -> None:
+    moved = _promote({}, "3", "4", {"global_test_pr_auc": "0.7", "site_eu_test_pr_auc": "0.7"})
+    assert (moved.passed, moved.basis, moved.previous_champion, moved.champion) == (False, "recorded", "4", "4")
+    assert "does not beat the champion's 0.7000" in moved.reason
+    assert _promote({}, "3", "4", {"global_test_pr_auc": "0.55", "site_eu_test_pr_auc": "0.55"}).passed
+
+
+def test_a_version_judged_before_keeps_its_decision() -> None:
+    again = _promote({"gate": "failed", "gate_reason": "worse"}, "3", "5", {}, candidate=0.99)
+    assert (again.passed, again.reason, again.basis, again.previous_champion, again.champion) == (
+        False, "worse", "judged", None, "5")
+    assert again.as_record() == {"passed": False, "reason": "worse", "primary_metric": "pr_auc",
+                                 "candidate": {"pr_auc": 0.99}, "site_deltas": {}, "version": "5",
+                                 "previous_champion": None, "champion": "5"}

@@ -15,11 +15,11 @@ import insitu
 from insitu.data.features import feature_names
 from insitu.data.prepare import prepared_prefix
 from insitu.federated.aggregators import Update, build_aggregator
+from insitu.job import load_job
 from insitu.models import build_model
 from insitu.parallel import DataRef, TrainSpec
 from insitu.parallel.site import train_site
 from insitu.storage import Store
-from insitu.job import load_job
 
 conf, store_dir = Path(sys.argv[1]), Path(sys.argv[2])
 job = load_job("dummy", "fraud", directory=conf)
@@ -48,7 +48,8 @@ print(json.dumps({
     "resolved": [job.task.name, job.training.model.name, job.aggregator.name, job.strategy.__name__],
     "parallelize_calls": job.strategy.CALLS,
     "steps": int(result.metrics.get("steps", 0)),
-    "trained_changed_weights": any(not torch.equal(trained[k], start[k]) for k in start if start[k].is_floating_point()),
+    "trained_changed_weights": any(not torch.equal(trained[k], start[k]) for k in start
+                                   if start[k].is_floating_point()),
     "aggregate_is_first_update": all(torch.equal(new_global[k], trained[k]) for k in trained
                                      if trained[k].is_floating_point()),
 }))
