@@ -92,8 +92,7 @@ def is_transient(e: BaseException) -> bool:
     return isinstance(e, httpx.TransportError)
 
 
-def retrying(call: Callable[[], T], retries: int = API_RETRIES, wait_s: float = API_RETRY_WAIT_S,
-                sleep: Callable[[float], None] = time.sleep) -> T:
+def retrying(call: Callable[[], T], retries: int, wait_s: float, sleep: Callable[[float], None] = time.sleep) -> T:
     """``call()``, called again after a transient API error up to ``retries`` times; any other error at once."""
     for attempt in range(retries + 1):
         try:
@@ -141,7 +140,7 @@ def run_and_follow(p: Platform, job: JobRun) -> dict[str, Any]:
         shape = JobShape(sites=len({s.site for s in c.dataset.shards}), rounds=c.training.rounds)
         with progress_for(console, shape) as shown, get_client(sync_client=True) as client:
             while True:
-                run, seen = retrying(lambda: look(client, fr.id, job.job_id, ex))
+                run, seen = retrying(lambda: look(client, fr.id, job.job_id, ex), API_RETRIES, API_RETRY_WAIT_S)
                 shown.update(seen)
                 if run.state and run.state.is_final():
                     break

@@ -115,8 +115,9 @@ class PlainProgress:
         return None
 
     def update(self, p: JobProgress) -> None:
+        elapsed = self.clock() - self.start
         for line in plain_updates(self.shape, self.last, p):
-            self.console.print(f"[{self.clock() - self.start:.0f}s] {line}", markup=False, highlight=False)
+            self.console.print(f"[{elapsed:.0f}s] {line}", markup=False, highlight=False)
         self.last = p
 
 
