@@ -107,17 +107,34 @@ def retrying(call: Callable[[], T], retries: int, wait_s: float, sleep: Callable
 
 def run_and_follow(p: Platform, job: JobRun) -> dict[str, Any]:
     """Trigger retrain for ``job``, follow it to its end, and return the job's summary."""
-    from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
-    from prefect.exceptions import ObjectNotFound
-
     from insitu.federated.exchange import Exchange
     from insitu.federated.kinds import COORDINATOR
     from insitu.federated.paths import SUMMARY
-    from insitu.governance.principals import ENV_PRINCIPAL_KEY
     from insitu.storage import store_from_env
 
     c = load_conf(job.training, job.dataset, directory=p.conf_dir, overrides=job.overrides)
+    flow_run_id = trigger(p, job)
+    with resume_hint(job):
+        console.print(f"triggered retrain as flow run {flow_run_id} (job {job.job_id}): "
+                      f"{p.prefect_ui_url}/runs/flow-run/{flow_run_id}")
+        ex = Exchange(store_from_env(c.sites.exchange, "exchange"), job.job_id, writer="operator")
+        run = follow(flow_run_id, job.job_id, ex, JobShape(sites=len({s.site for s in c.dataset.shards}),
+                                                           rounds=c.training.rounds))
+        if not (run.state and run.state.is_completed()):
+            console.print(f"[red]retrain {run.state_name}[/red]: {run.state.message if run.state else ''}")
+            console.print(f"logs: {p.prefect_ui_url}/runs/flow-run/{flow_run_id}")
+            raise typer.Exit(1)
+        return ex.get_json(SUMMARY, writer=COORDINATOR)
+
+
+def trigger(p: Platform, job: JobRun) -> Any:
+    """Start ``retrain/coordinator`` for ``job`` (with its request signed here when a principal is named);
+    returns the flow run's id."""
+    from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
+
+    from insitu.governance.principals import ENV_PRINCIPAL_KEY
+
     params: dict[str, Any] = {"training": job.training, "dataset": job.dataset, "job_id": job.job_id}
     if job.rounds:
         params["rounds"] = job.rounds
@@ -127,29 +144,25 @@ def run_and_follow(p: Platform, job: JobRun) -> dict[str, Any]:
         params["request"] = signed.model_dump(mode="json")
         console.print(f"signed the job request as {signed.request.principal} (purpose {job.purpose!r})")
     try:  # not retried: a request that reached the server before it failed would start a second run
-        fr = run_deployment(RETRAIN_DEPLOYMENT, parameters={"params": params}, timeout=0)
+        return run_deployment(RETRAIN_DEPLOYMENT, parameters={"params": params}, timeout=0).id
     except ObjectNotFound:
         raise fail(not_deployed_message()) from None
     except Exception:
         print_resume(job)
         raise
-    with resume_hint(job):
-        console.print(f"triggered retrain as flow run {fr.id} (job {job.job_id}): "
-                      f"{p.prefect_ui_url}/runs/flow-run/{fr.id}")
-        ex = Exchange(store_from_env(c.sites.exchange, "exchange"), job.job_id, writer="operator")
-        shape = JobShape(sites=len({s.site for s in c.dataset.shards}), rounds=c.training.rounds)
-        with progress_for(console, shape) as shown, get_client(sync_client=True) as client:
-            while True:
-                run, seen = retrying(lambda: look(client, fr.id, job.job_id, ex), API_RETRIES, API_RETRY_WAIT_S)
-                shown.update(seen)
-                if run.state and run.state.is_final():
-                    break
-                time.sleep(POLL_S)
-        if not (run.state and run.state.is_completed()):
-            console.print(f"[red]retrain {run.state_name}[/red]: {run.state.message if run.state else ''}")
-            console.print(f"logs: {p.prefect_ui_url}/runs/flow-run/{fr.id}")
-            raise typer.Exit(1)
-        return ex.get_json(SUMMARY, writer=COORDINATOR)
+
+
+def follow(flow_run_id: Any, job_id: str, ex: Any, shape: JobShape) -> Any:
+    """Show the job's progress until its retrain flow run is final; returns that flow run."""
+    from prefect.client.orchestration import get_client
+
+    with progress_for(console, shape) as shown, get_client(sync_client=True) as client:
+        while True:
+            run, seen = retrying(lambda: look(client, flow_run_id, job_id, ex), API_RETRIES, API_RETRY_WAIT_S)
+            shown.update(seen)
+            if run.state and run.state.is_final():
+                return run
+            time.sleep(POLL_S)
 
 
 def look(client: Any, flow_run_id: Any, job_id: str, ex: Any) -> tuple[Any, JobProgress]:
