@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import s3fs
 
-from deployments import cli_data as data
+from deployments.cli import site_store as data
 from deployments.platform import Platform
 
 pytestmark = pytest.mark.e2e

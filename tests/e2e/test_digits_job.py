@@ -17,7 +17,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 
-from deployments import cli_data as data
+from deployments.cli import site_store as data
 from deployments.platform import Platform
 from insitu.conf import load_datasets
 from insitu.data.digits import digits_frames

@@ -18,7 +18,7 @@ import typer
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun
 
-from deployments import cli_governance as governance
+from deployments.cli import signing as governance
 from deployments.platform import Platform
 from insitu.governance.audit import read_events, verify
 from insitu.governance.policy import SitePolicy, sign_policy

@@ -41,13 +41,13 @@ def test_validate_checks_every_file_of_conf(tmp_path: Path) -> None:
 
 
 def test_the_printed_summary_says_which_global_model_was_registered_and_why() -> None:
-    from deployments import cli
+    from deployments.cli import summary
 
     s = {"job_id": "j1", "rounds": 5, "sites": {}, "global_metrics": {"pr_auc": 0.2, "count": 100},
          "bytes_crossed": 10, "bytes_crossed_by_writer": {}, "raw_bytes": 100, "ran_as": {},
          "model": {"model_name": "m", "version": "2", "alias": "challenger", "run_id": "r"},
          "selected_round": 3, "stopped_early": True,
          "selection": "the best round by validation pr_auc (0.2 at round 3)"}
-    with cli.console.capture() as out:
-        cli._print_summary(s)
+    with summary.console.capture() as out:
+        summary.print_summary(s)
     assert "it is global model 3 of 5 (stopped early): the best round by validation pr_auc" in out.get()

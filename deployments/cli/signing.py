@@ -1,7 +1,8 @@
-"""``insitu approve`` and ``insitu policy show|check|apply``: signing what principals ask, and what sites admit.
+"""Signing on the user's machine for ``insitu approve``, ``run`` and ``policy show|check|apply``: job requests,
+standing approvals and site policies.
 
-Signing happens here, on the user's machine, with the user's own key (``--as NAME`` or
-``INSITU_PRINCIPAL_KEY``); the coordinator never holds a principal's key.
+Signing happens here, with the user's own key (``--as NAME`` or ``INSITU_PRINCIPAL_KEY``); the coordinator
+never holds a principal's key.
 """
 
 from __future__ import annotations
@@ -9,30 +10,15 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
-from rich.console import Console
 from rich.table import Table
 
+from deployments.cli.common import console, fail
 from deployments.platform import Platform
 from insitu.governance.policy import PolicyError, SignedPolicy, read_signed_policy
 from insitu.governance.principals import PrincipalError, key_id, resolve_key_file
 from insitu.governance.request import RequestError, SignedRequest, parse_signed, sign_for
-
-console = Console()
-policy_app = typer.Typer(help="A site's own policy: show it, check a request against it, apply a new one.",
-                         no_args_is_help=True)
-
-As = Annotated[str | None, typer.Option("--as", help="principal to sign as (its key: <state>/principals/NAME.key, "
-                                                    "or $INSITU_PRINCIPALS_DIR/NAME.key); default "
-                                                    "$INSITU_PRINCIPAL_KEY")]
-Purpose = Annotated[str, typer.Option(help="why the data is used; each site's policy admits named purposes")]
-
-
-def fail(msg: str, code: int = 1) -> typer.Exit:
-    console.print(f"[red]{msg}[/red]")
-    return typer.Exit(code)
 
 
 def sign_job(p: Platform, as_: str | None, training: str, dataset: str, purpose: str, *, job_id: str | None,

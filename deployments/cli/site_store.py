@@ -1,4 +1,4 @@
-"""``insitu data put|ls``: put a site's own file into that site's own store, and see what is there.
+"""A site's own store for ``insitu data put|ls``: put a file into it, list what it holds.
 
 Uploading is the site operator's act, with the site's own store keys (the local platform's operator holds
 each site's keys for seeding; in production a site admin runs this inside the region). Nothing here
@@ -10,15 +10,8 @@ from __future__ import annotations
 import posixpath
 from pathlib import Path
 
-import typer
-from rich.console import Console
-from rich.table import Table
-
 from deployments.platform import Platform
 from insitu.storage import Store, store_from_env
-
-console = Console()
-data_app = typer.Typer(help="A site's own store: put a file into it, list what it holds.", no_args_is_help=True)
 
 
 class DataCliError(ValueError):
@@ -65,10 +58,3 @@ def ls(p: Platform, site: str, prefix: str) -> list[tuple[str, int]]:
         return []
     base = store.path("").rstrip("/") + "/"
     return sorted((path[len(base):], int(info.get("size") or 0)) for path, info in found.items())
-
-
-def print_ls(site: str, rows: list[tuple[str, int]]) -> None:
-    t = Table("key", "bytes", title=f"site {site}'s store")
-    for key, size in rows:
-        t.add_row(key, f"{size:,}")
-    console.print(t)

@@ -1,0 +1,119 @@
+"""``insitu up|down|status|credentials``: the local platform's life and its logins."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from deployments.cli.common import (
+    DEFAULT_CONF,
+    DEFAULT_STATE,
+    ConfDir,
+    StateDir,
+    console,
+    err_console,
+    is_up,
+    open_platform,
+    print_urls,
+    quiet_logs,
+)
+from deployments.platform import Platform, PlatformError
+from insitu.conf import ConfigError
+
+# What the MLflow and Prefect Python clients read: the operator's read-only MLflow login, and the Prefect
+# API with the basic-auth string its server requires.
+CLIENT_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
+              "PREFECT_API_URL", "PREFECT_API_AUTH_STRING")
+
+
+def up(
+    state_dir: StateDir = DEFAULT_STATE,
+    conf: ConfDir = DEFAULT_CONF,
+    free_ports: Annotated[bool, typer.Option(help="pick free ports instead of the defaults")] = False,
+    port: Annotated[list[str], typer.Option(help="override a port: NAME=PORT (e.g. prefect=4300)")] = [],  # noqa: B006
+) -> None:
+    """Start (or reuse) the local multi-site platform and wait until every part is healthy."""
+    quiet_logs()
+    ports = {k: int(v) for k, v in (x.split("=", 1) for x in port)}
+    try:
+        p = Platform(state_dir, conf, ports=ports, free_ports=free_ports)
+        p.apply_env()
+        with console.status("starting the local platform (Prefect, MLflow, S3 per site, Dask per site, workers)…"):
+            res = p.up()
+        p.apply_env()  # the S3 keys exist only once the endpoints' IAM issued them
+    except (PlatformError, ConfigError) as e:
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(1) from None
+    console.print(f"platform up in [bold]{res['seconds']:.1f}s[/bold] "
+                  f"({'started ' + ', '.join(res['started']) if res['started'] else 'everything was already running'})")
+    print_urls(p)
+
+
+def down(state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) -> None:
+    """Stop every process `insitu up` started (by PID)."""
+    quiet_logs()
+    p = open_platform(state_dir, conf)
+    stopped = p.down()
+    console.print(f"stopped {len(stopped)} component(s)" + (f": {', '.join(stopped)}" if stopped else ""))
+
+
+def status(state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) -> None:
+    """Show each component of the local platform: PID, running, healthy."""
+    quiet_logs()
+    p = open_platform(state_dir, conf)
+    if not is_up(p):  # after `down` there is nothing to show, and no UI answers at those addresses
+        console.print(down_line(p))
+        return
+    t = Table("component", "pid", "running", "healthy")
+    for name, s in p.status().items():
+        t.add_row(name, str(s["pid"] or "-"), "yes" if s["running"] else "no",
+                  "[green]yes[/green]" if s["healthy"] else "[red]no[/red]")
+    console.print(t)
+    stores = Table("store", "URL", "endpoint", "work pool")
+    for s in p.sites.sites:
+        stores.add_row(s.name, s.storage, p.s3_endpoint(s.name) if s.storage.startswith("s3://") else "-", s.work_pool)
+    stores.add_row("exchange", p.sites.exchange.storage, p.s3_endpoint("exchange"), p.sites.coordinator.work_pool)
+    console.print(stores)
+    console.print("Put a site's own file into its store: `insitu data put FILE --site eu [--key raw/…]`; "
+                  "list it: `insitu data ls --site eu`.")
+    print_urls(p)
+
+
+def down_line(p: Platform) -> str:
+    """What ``status`` says of a platform that is not running."""
+    return f"the platform is down (state: {p.dir}); start it with `insitu up`"
+
+
+def credentials(
+    state_dir: StateDir = DEFAULT_STATE,
+    conf: ConfDir = DEFAULT_CONF,
+    env: Annotated[bool, typer.Option("--env", help="print shell `export` lines for the MLflow and Prefect Python "
+                                                   "clients instead: eval \"$(insitu credentials --env)\"")] = False,
+) -> None:
+    """Show the operator's logins for the two UIs (read from the platform's owner-only state file)."""
+    p = open_platform(state_dir, conf)
+    if env:
+        if not p.state_file.exists():  # the logins are chosen by the first `up`; before it they would be made up
+            err_console.print(f"[red]no platform at {p.dir} yet[/red]: start it with `insitu up`")
+            raise typer.Exit(1)
+        sys.stdout.write(env_exports(p))
+        return
+    t = Table("UI", "url", "login")
+    t.add_row("Prefect", p.prefect_ui_url, f"auth string: {p.prefect_auth}")
+    t.add_row("MLflow", p.mlflow_url, f"user operator, password {p.mlflow_password('operator')} (read-only)")
+    console.print(t)
+    console.print("The coordinator's MLflow account (the only one that writes the registry) is held by its worker "
+                  "alone and is not shown. For the Python clients: eval \"$(insitu credentials --env)\"")
+    roles = p.principal_roles()
+    console.print(f"Principals' keys (sign with --as NAME): {p.principals_dir}: "
+                  + ", ".join(f"{n} ({', '.join(r)})" for n, r in roles.items()))
+
+
+def env_exports(p: Platform) -> str:
+    """``export NAME=value`` lines, shell-quoted, of the operator's client environment (``CLIENT_ENV``)."""
+    env = p.operator_env()
+    return "".join(f"export {name}={shlex.quote(env[name])}\n" for name in CLIENT_ENV)
