@@ -65,10 +65,10 @@ class Platform:
         self._paths = PlatformPaths(self.dir)
         self._state = PlatformState.open(self._paths.state_file, self.sites, [COORDINATOR, *self.sites.names],
                                          ports, free_ports)
-        self.isolate = can_isolate() if isolate_users is None else isolate_users
-        if self.isolate and not can_isolate():
+        isolate = can_isolate() if isolate_users is None else isolate_users
+        if isolate and not can_isolate():
             raise PlatformError("separate OS users per site need root; run as root or pass isolate_users=False")
-        self._actors = Actors(self.sites, self.isolate)
+        self._actors = Actors(self.sites, isolate)
         self._urls = Endpoints(self._state)
         self._principals = Principals(self._paths, self.sites)
         self._envs = Environments(self._paths, self.sites, self.conf_dir, self._state, self._urls,
@@ -134,11 +134,24 @@ class Platform:
         """Put the operator's environment into this process (CLI and tests)."""
         os.environ.update(env or self.operator_env())
 
+    @property
+    def isolate(self) -> bool:
+        """Does each actor run as its own OS user (root only)?"""
+        return self._actors.isolate
+
+    @isolate.setter
+    def isolate(self, value: bool) -> None:
+        self._actors.isolate = value
+
     # ------------------------------------------------------------------ state and secrets
     @property
     def state(self) -> dict[str, Any]:
         """The state file's content: ports, PIDs and every credential (the operator's copy)."""
         return self._state.data
+
+    @state.setter
+    def state(self, value: dict[str, Any]) -> None:
+        self._state.data = value
 
     @property
     def state_file(self) -> Path:
