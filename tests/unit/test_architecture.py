@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("insitu", "tasks", "flows", "deployments")
 MAX_LINES = 400
 # Modules still over MAX_LINES, each to be split; the list only shrinks.
-TOO_LONG_FOR_NOW = {"deployments.cli", "deployments.platform.supervisor", "insitu.federated.exchange",
+TOO_LONG_FOR_NOW = {"insitu.federated.exchange",
                     "insitu.federated.schemas", "insitu.governance.audit"}
 
 

@@ -1,0 +1,154 @@
+"""The processes that make up the local platform, in the tiers ``up`` starts them in.
+
+1. one audit service per actor (``insitu-audit``'s);
+2. the servers, as the caller and never handed to a site: Prefect, MLflow, one S3 endpoint per site and one
+   for the exchange;
+3. per site, as the site's user: a Dask scheduler and its workers (mutual TLS with the site's own CA);
+4. one insitu worker per work pool (``deployments/worker.py``), as its actor's user.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from deployments.platform.actors import COORDINATOR, Actors
+from deployments.platform.endpoints import Endpoints
+from deployments.platform.env import Environments
+from deployments.platform.health import (
+    audit_ok,
+    dask_workers_ok,
+    http_ok,
+    prefect_headers,
+    tcp_ok,
+    worker_online,
+)
+from deployments.platform.paths import REPO, PlatformPaths
+from deployments.platform.processes import Component
+from deployments.platform.provision import s3_policies
+from deployments.platform.state import PlatformState
+from insitu.conf import SitesConfig
+
+
+def console_script(name: str) -> str:
+    """A console script of this virtualenv (the one running us), else from PATH."""
+    here = Path(sys.executable).parent / name
+    return str(here) if here.exists() else (shutil.which(name) or name)
+
+
+class Components:
+    """Each tier's components, built afresh at each call (environments hold the keys recorded so far)."""
+
+    def __init__(self, paths: PlatformPaths, sites: SitesConfig, actors: Actors, state: PlatformState,
+                 endpoints: Endpoints, envs: Environments) -> None:
+        self._paths = paths
+        self._sites = sites
+        self._actors = actors
+        self._state = state
+        self._urls = endpoints
+        self._envs = envs
+
+    def all(self) -> list[Component]:
+        """Every component in start order, the workers last."""
+        return self.audit() + self.servers() + self.dask() + self.workers()
+
+    def audit(self) -> list[Component]:
+        p = self._paths
+        return [Component(f"audit-{a}", [sys.executable, "-m", "insitu.governance.audit_service", "--config",
+                                         str(p.audit_service_file(a))],
+                          self._envs.base(), lambda a=a: audit_ok(p.audit_socket(a), a, p.audit_log(a)), timeout=60,
+                          account=self._actors.audit_account())
+                for a in self._actors.names]
+
+    def servers(self) -> list[Component]:
+        """The control plane and the clouds' endpoints: run as the caller, never handed to a site."""
+        return [self._prefect_server(), self._mlflow_server(),
+                *(self._s3_server(server) for server in ["exchange", *self._sites.names])]
+
+    def _prefect_server(self) -> Component:
+        api = self._urls.prefect_api_url
+        return Component(
+            "prefect-server",
+            [console_script("prefect"), "server", "start", "--host", "127.0.0.1", "--port",
+             str(self._urls.port("prefect")), "--analytics-off"],
+            {**self._envs.base(), "PREFECT_HOME": str(self._paths.prefect_server_home),
+             "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": api, "PREFECT_API_URL": api,
+             "PREFECT_SERVER_API_AUTH_STRING": self._state.prefect_auth},
+            lambda: http_ok(self._urls.prefect_api_url + "/health"),
+            timeout=120,
+        )
+
+    def _mlflow_server(self) -> Component:
+        # Lean: one uvicorn worker and no job runner (the default is ~15 processes and ~3 GB; STACK-NOTES).
+        d = self._paths.mlflow_dir
+        return Component(
+            "mlflow-server",
+            [console_script("mlflow"), "server", "--app-name", "basic-auth", "--host", "127.0.0.1",
+             "--port", str(self._urls.port("mlflow")), "--workers", "1",
+             "--backend-store-uri", f"sqlite:///{d / 'mlflow.db'}",
+             "--artifacts-destination", str(d / "artifacts"), "--enable-workspaces"],
+            {**self._envs.base(), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+             "MLFLOW_AUTH_CONFIG_PATH": str(self._paths.mlflow_auth_ini),
+             "MLFLOW_FLASK_SERVER_SECRET_KEY": self._state.mlflow_password("flask-secret")},
+            lambda: http_ok(self._urls.mlflow_url + "/health"),
+            timeout=120,
+        )
+
+    def _s3_server(self, server: str) -> Component:
+        from insitu.governance.iam import no_auth_action_count
+
+        # moto authenticates every request after its first N, the platform's setup calls (STACK-NOTES).
+        port = self._urls.port(f"s3-{server}")
+        users = len(s3_policies(self._sites, server))
+        return Component(f"s3-{server}", [sys.executable, "-m", "deployments.platform.s3", "--port", str(port)],
+                         {**self._envs.base(), "INITIAL_NO_AUTH_ACTION_COUNT": str(no_auth_action_count(users))},
+                         lambda p=port: tcp_ok(p), extra={"s3": server})
+
+    def dask(self) -> list[Component]:
+        comps = []
+        for s in self._sites.sites:
+            comps += [self._dask_scheduler(s.name), self._dask_workers(s.name, s.dask.local_workers)]
+        return comps
+
+    def _dask_scheduler(self, site: str) -> Component:
+        port = self._urls.port(f"dask-{site}")
+        return Component(f"dask-scheduler-{site}",
+                         [console_script("dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                          "--protocol", "tls",
+                          # --no-dashboard still serves /health on 0.0.0.0: keep it on loopback too
+                          "--no-dashboard", "--dashboard-address", "127.0.0.1:0"],
+                         # The scheduler unpickles the task graphs (a rank's TrainSpec holds the training config):
+                         # it must import the same checkout as the workers, not whichever one is installed.
+                         {**self._envs.dask(site), "PYTHONPATH": str(REPO)}, lambda p=port: tcp_ok(p),
+                         account=self._actors.account(site))
+
+    def _dask_workers(self, site: str, n: int) -> Component:
+        address = self._urls.dask_address(site)
+        return Component(f"dask-workers-{site}",
+                         [console_script("dask"), "worker", address, "--host", "127.0.0.1",
+                          "--nworkers", str(n), "--nthreads", "1", "--no-dashboard",
+                          "--dashboard-address", "127.0.0.1:0",
+                          "--memory-limit", "2GiB", "--local-directory", str(self._paths.actor_home(site) / "dask"),
+                          "--name", f"{site}-worker"],
+                         # The checkout on the import path, as for the site's flows (which run from it): a
+                         # user's model module kept there (examples/models.py) is importable by every rank.
+                         {**self._envs.dask(site), "PYTHONPATH": str(REPO)},
+                         lambda: dask_workers_ok(self._urls.dask_address(site), self._paths.tls_dir(site), n),
+                         account=self._actors.account(site))
+
+    def workers(self) -> list[Component]:
+        """One insitu worker per work pool, each with its actor's environment, as its actor's user."""
+        envs = {COORDINATOR: self._envs.coordinator(), **{s: self._envs.site(s) for s in self._sites.names}}
+        return [self._worker(actor, env) for actor, env in envs.items()]
+
+    def _worker(self, actor: str, env: dict[str, str]) -> Component:
+        pool = self._actors.work_pool(actor)
+        return Component(
+            f"worker-{pool}",
+            [sys.executable, "-m", "deployments.worker", "--pool", pool, "--name", f"{pool}-worker"],
+            env,
+            lambda: worker_online(self._urls.prefect_api_url, prefect_headers(self._state.prefect_auth), pool),
+            timeout=90,
+            account=self._actors.account(actor),
+        )

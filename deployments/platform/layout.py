@@ -1,0 +1,113 @@
+"""The state directory on disk before anything starts: who owns what, each actor's home, the audit services' files.
+
+The state directory is root's (others may only pass through); each actor owns its own home, filled *as
+that actor* by ``deployments.platform.home`` (root must not write by name into a directory a site owns);
+the audit services' directory is ``insitu-audit``'s, each actor reaching only its own socket.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from deployments.platform.actors import COORDINATOR, Actors
+from deployments.platform.errors import PlatformError
+from deployments.platform.paths import OPERATOR_DIRS, REPO, PlatformPaths
+from deployments.platform.principals import Principals
+from deployments.platform.state import PlatformState
+from deployments.platform.users import current_account, ensure_traversable, make_private_dir
+from insitu.governance.identity import Identity, write_private
+
+
+class Layout:
+    """Creates the platform's directories with their owners and modes, and each actor's identity and policy."""
+
+    def __init__(self, paths: PlatformPaths, actors: Actors, principals: Principals, state: PlatformState) -> None:
+        self._paths = paths
+        self._actors = actors
+        self._principals = principals
+        self._state = state
+
+    def prepare_dirs(self) -> None:
+        """The state directory is root's (others may only pass through); each actor owns its own home."""
+        me = current_account()
+        make_private_dir(self._paths.root, me, 0o711)
+        for sub in OPERATOR_DIRS:
+            make_private_dir(self._paths.root / sub, me, 0o700)
+        make_private_dir(self._paths.actors_dir, me, 0o711)
+        make_private_dir(self._paths.approvals_dir, me, 0o755)  # signed approvals: public, read by the coordinator
+        if self._actors.isolate:
+            ensure_traversable(self._paths.root)
+            # The site users run this same interpreter (its real home may be under root's own home).
+            ensure_traversable(Path(sys.executable).parent)
+            ensure_traversable(Path(sys.base_prefix).resolve())
+            ensure_traversable(REPO)
+        for actor in self._actors.names:
+            self.prepare_home(actor)
+
+    def prepare_home(self, actor: str) -> None:
+        """Create the actor's home (root, in root's ``actors/``), then fill it as the actor (``home``)."""
+        acct = self._actors.account(actor)
+        home = self._paths.actor_home(actor)
+        if home.is_symlink() or (home.exists() and not home.is_dir()):
+            raise PlatformError(f"{home} is not a directory; refusing to use it as {actor}'s home")
+        home.mkdir(exist_ok=True)
+        if self._actors.isolate:
+            os.chown(home, acct.uid, acct.gid, follow_symlinks=False)
+        home.chmod(0o700)
+        ident = self.identity(actor)
+        extra: dict[str, Any] = {"with_tls": actor != COORDINATOR}
+        if actor != COORDINATOR:  # the platform's default policy, unless the site already has one
+            extra["policy"] = {"text": self._principals.default_policy(actor), "replace": False}
+        self._run_home_helper(actor, ident, extra)
+
+    def identity(self, actor: str) -> Identity:
+        """The actor's identity file: its role, work pool, audit service and (a site's) policy and admins."""
+        site = actor != COORDINATOR
+        p = self._paths
+        return Identity(actor=actor, role="site" if site else "coordinator",
+                        work_pool=self._actors.work_pool(actor), audit_log=p.audit_log(actor),
+                        audit_key=None, audit_socket=p.audit_socket(actor), path=p.identity_file(actor),
+                        policy=p.policy_file(actor) if site else None,
+                        admins=self._principals.site_admins(actor) if site else {})
+
+    def install_policy(self, site: str, signed_policy: str) -> None:
+        """Install a signed policy in the site's home, written *as the site* (see ``home``)."""
+        self._run_home_helper(site, self.identity(site), {"policy_only": True,
+                                                          "policy": {"text": signed_policy, "replace": True}})
+
+    def _run_home_helper(self, actor: str, ident: Identity, extra: dict[str, Any]) -> None:
+        """Run ``deployments.platform.home`` as the actor (in-process when not isolated), ``extra`` in its spec."""
+        home = self._paths.actor_home(actor)
+        spec = {"identity": ident.to_json(), "path": str(ident.path), "home": str(home), **extra}
+        if not self._actors.isolate:
+            from deployments.platform import home as home_helper
+
+            if not spec.get("policy_only"):
+                home_helper.prepare_home(home, ident, with_tls=bool(spec.get("with_tls")))
+            if spec.get("policy") and ident.policy is not None:
+                home_helper.install_policy(ident.policy, spec["policy"]["text"], bool(spec["policy"]["replace"]))
+            return
+        acct = self._actors.account(actor)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "PYTHONPATH": str(REPO)}
+        r = subprocess.run([sys.executable, "-m", "deployments.platform.home"], input=json.dumps(spec), text=True,
+                           env=env, cwd="/", capture_output=True, timeout=120, user=acct.uid, group=acct.gid,
+                           extra_groups=[])
+        if r.returncode != 0:
+            raise PlatformError(f"could not prepare {actor}'s home {home} as {acct.name}: {r.stderr[-2000:]}")
+
+    def prepare_audit(self) -> None:
+        """Each actor's audit directory and service configuration (key, log, socket, the one uid it serves)."""
+        acct = self._actors.audit_account()
+        make_private_dir(self._paths.audit_dir, acct, 0o711)  # actors may reach their socket, not list or read
+        for actor in self._actors.names:
+            make_private_dir(self._paths.audit_dir / actor, acct, 0o700)
+            spec = {"actor": actor, "log": str(self._paths.audit_log(actor)),
+                    "key": self._state.audit_key(actor).hex(), "socket": str(self._paths.audit_socket(actor)),
+                    "allowed_uids": [self._actors.account(actor).uid]}
+            owner = (acct.uid, acct.gid) if os.geteuid() == 0 else ()
+            write_private(self._paths.audit_service_file(actor), json.dumps(spec), *owner)

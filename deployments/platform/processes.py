@@ -1,0 +1,168 @@
+"""Process control: start each component in its own session, wait until healthy, stop exactly what was started.
+
+Every PID started is recorded in the state file with its start time, so a later ``insitu down`` (another
+process) stops exactly those processes, and a PID the OS reused for something else is never signalled.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from deployments.platform.errors import PlatformError
+from deployments.platform.paths import REPO, PlatformPaths
+from deployments.platform.users import Account
+
+if TYPE_CHECKING:
+    from deployments.platform.state import PlatformState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Component:
+    """One process of the platform: how to start it, as whom, and how to tell it is healthy."""
+
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    healthy: Callable[[], bool]
+    timeout: float = 90.0
+    account: Account | None = None  # run as this OS user (None: as the caller)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def alive(pid: int | None, created: float | None = None) -> bool:
+    """Is ``pid`` running, and (when ``created`` is known) still the process we started, not a reuse?"""
+    if not pid:
+        return False
+    try:
+        p = psutil.Process(pid)
+        if created is not None and abs(p.create_time() - created) > 1.0:
+            return False
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def stop_tier(name: str) -> int:
+    """The order components stop in: the Prefect workers first, then the Dask workers, then the rest (servers)."""
+    return 0 if name.startswith("worker-") else 1 if name.startswith("dask-workers") else 2
+
+
+class Processes:
+    """Starts and stops components, recording their PIDs and start times in the state file."""
+
+    def __init__(self, state: PlatformState, paths: PlatformPaths) -> None:
+        self._state = state
+        self._paths = paths
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def _pids(self) -> dict[str, int]:
+        return self._state.data.get("pids", {})
+
+    def is_ours(self, name: str) -> bool:
+        """Is the process recorded for ``name`` still running (and the one we started)?"""
+        return alive(self._pids.get(name), self._state.data.get("started", {}).get(name))
+
+    def ensure(self, comps: list[Component]) -> list[str]:
+        """Start those of ``comps`` not running, wait until all are healthy; returns the names started."""
+        started = []
+        for c in comps:
+            if self.is_ours(c.name):
+                continue
+            self.start(c)
+            started.append(c.name)
+        self.wait(comps)
+        return started
+
+    def start(self, comp: Component) -> None:
+        logs = self._paths.logs
+        logs.mkdir(parents=True, exist_ok=True)
+        out = open(self._paths.log_file(comp.name), "ab")  # noqa: SIM115 (the child owns it)
+        as_user: dict[str, Any] = {}
+        if comp.account is not None and not comp.account.is_current:
+            as_user = {"user": comp.account.uid, "group": comp.account.gid, "extra_groups": []}
+        # A new session per component: signals reach it (and only it), and down() can stop its group.
+        proc = subprocess.Popen(comp.command, env=comp.env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=str(REPO), start_new_session=True, **as_user)
+        out.close()
+        self._record(comp.name, proc)
+
+    def _record(self, name: str, proc: subprocess.Popen[bytes]) -> None:
+        self._procs[name] = proc
+        self._state.data.setdefault("pids", {})[name] = proc.pid
+        try:
+            self._state.data.setdefault("started", {})[name] = psutil.Process(proc.pid).create_time()
+        except psutil.NoSuchProcess:
+            pass
+        self._state.save()
+
+    def wait(self, comps: list[Component]) -> None:
+        """Until every component is healthy; fails at once if one exits, or after its own timeout."""
+        pending = list(comps)
+        t0 = time.monotonic()
+        while pending:
+            for c in list(pending):
+                if c.healthy():
+                    pending.remove(c)
+                elif not self.is_ours(c.name):
+                    tail = self._paths.log_file(c.name).read_text(errors="replace")[-3000:]
+                    raise PlatformError(f"{c.name} exited during startup; its log ends:\n{tail}")
+                elif time.monotonic() - t0 > c.timeout:
+                    raise PlatformError(
+                        f"{c.name} not healthy after {c.timeout:.0f}s; see {self._paths.log_file(c.name)}"
+                    )
+            if pending:
+                time.sleep(0.3)
+
+    def stop(self, names: list[str], timeout: float = 15.0) -> list[str]:
+        """Stop the named components that are running, with their children: the Prefect workers first, then the
+        Dask workers, then the rest (servers). Each tier is signalled at once and waited for together, so a
+        component slow to exit costs its tier ``timeout`` once, not every component after it."""
+        tiers: dict[int, list[str]] = {}
+        for n in names:
+            if n in self._pids:
+                tiers.setdefault(stop_tier(n), []).append(n)
+        stopped = []
+        for tier in sorted(tiers):
+            stopped += self._stop_together(tiers[tier], timeout)
+        return stopped
+
+    def _stop_together(self, names: list[str], timeout: float) -> list[str]:
+        """SIGTERM the named processes and their children at once; SIGKILL what is left after ``timeout``."""
+        procs: list[psutil.Process] = []
+        stopped = []
+        for name in sorted(names):
+            if not self.is_ours(name):
+                continue
+            try:
+                procs += [psutil.Process(self._pids[name]), *psutil.Process(self._pids[name]).children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+            stopped.append(name)
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except psutil.NoSuchProcess:
+                pass
+        _, still = psutil.wait_procs(procs, timeout=timeout)
+        for p in still:
+            log.warning("pid %d still running %.0fs after SIGTERM: killed", p.pid, timeout)
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(still, timeout=5)
+        for name in names:
+            if name in self._procs:
+                self._procs[name].wait(timeout=5)
+        return stopped

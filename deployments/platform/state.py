@@ -1,0 +1,119 @@
+"""The state file: what the platform chooses once (ports, secrets), what it records (PIDs), read back on every call.
+
+``state.json`` is the operator's copy of every credential: root's, 0600, in a directory never handed to a site.
+The platform generates the audit keys, the Prefect API credential and the MLflow passwords itself; the S3
+keys are issued by each endpoint's IAM when it first starts and recorded here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+from pathlib import Path
+from typing import Any
+
+from deployments.platform.actors import COORDINATOR
+from deployments.platform.errors import PlatformError
+from deployments.platform.processes import alive
+from insitu.conf import SitesConfig
+
+STATE_FORMAT = 2
+DEFAULT_PORTS = {"prefect": 4200, "mlflow": 5055, "s3-exchange": 9100}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def choose_ports(sites: SitesConfig, given: dict[str, int], free: bool) -> dict[str, int]:
+    """Each server's port: the one given, else a free one (``free``), else its default."""
+    names = ["prefect", "mlflow", "s3-exchange"]
+    names += [f"s3-{s.name}" for s in sites.sites] + [f"dask-{s.name}" for s in sites.sites]
+    defaults = dict(DEFAULT_PORTS)
+    for i, s in enumerate(sites.sites):
+        defaults[f"s3-{s.name}"] = 9101 + i
+        defaults[f"dask-{s.name}"] = 8701 + i
+    return {n: given.get(n) or (free_port() if free else defaults[n]) for n in names}
+
+
+def new_secrets(actors: list[str]) -> dict[str, Any]:
+    """Secrets the platform chooses itself; S3 keys are issued by each endpoint's IAM when it starts."""
+    return {
+        "audit": {a: secrets.token_hex(32) for a in actors},
+        "prefect_auth": f"insitu:{secrets.token_urlsafe(24)}",
+        "mlflow": {u: secrets.token_urlsafe(18) for u in ("admin", COORDINATOR, "operator", "flask-secret")},
+        "s3": {},
+    }
+
+
+class PlatformState:
+    """The state file's content (``data``, saved with :meth:`save`) and the secrets read from it."""
+
+    def __init__(self, path: Path, data: dict[str, Any], older_running: bool = False) -> None:
+        self.path = path
+        self.data = data
+        self.older_running = older_running  # processes of an older insitu's platform are still running
+
+    @classmethod
+    def open(cls, path: Path, sites: SitesConfig, actors: list[str], ports: dict[str, int] | None,
+             free_ports: bool) -> PlatformState:
+        """Read the state file, or start one: ports chosen (``ports`` win), secrets generated once."""
+        data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+        older_running = False
+        if data.get("format") != STATE_FORMAT:
+            # A platform from an older insitu: keep what `down` needs to stop it, start afresh otherwise.
+            older_running = any(alive(pid) for pid in data.get("pids", {}).values())
+            data = {k: data[k] for k in ("pids", "started", "ports") if k in data} if older_running else {}
+        data["format"] = STATE_FORMAT
+        if not data.get("ports"):
+            data["ports"] = choose_ports(sites, ports or {}, free_ports)
+        elif ports:
+            data["ports"].update(ports)
+        if not data.get("secrets"):
+            data["secrets"] = new_secrets(actors)
+        return cls(path, data, older_running)
+
+    def save(self) -> None:
+        """Write the state file atomically, owner-only (0600) from its first byte."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(self.data, indent=2))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, self.path)
+
+    def port(self, name: str) -> int:
+        return int(self.data["ports"][name])
+
+    # ------------------------------------------------------------------ secrets
+    @property
+    def prefect_auth(self) -> str:
+        return str(self.data["secrets"]["prefect_auth"])
+
+    def mlflow_password(self, user: str) -> str:
+        return str(self.data["secrets"]["mlflow"][user])
+
+    def audit_key(self, actor: str) -> bytes:
+        return bytes.fromhex(self.data["secrets"]["audit"][actor])
+
+    def s3_provisioned(self, server: str) -> bool:
+        """Has ``server``'s endpoint issued its IAM keys yet (it does on its first start)?"""
+        return server in self.data["secrets"]["s3"]
+
+    def s3_credentials(self, server: str, user: str) -> tuple[str, str]:
+        """The (access key, secret) IAM issued to ``user`` on ``server``'s endpoint (a site or 'exchange')."""
+        try:
+            c = self.data["secrets"]["s3"][server][user]
+        except KeyError:
+            raise PlatformError(f"no S3 credentials for {user} on {server}'s endpoint: is the platform up?") from None
+        return c["access_key"], c["secret_key"]
+
+    def record_s3_keys(self, server: str, keys: dict[str, tuple[str, str]]) -> None:
+        """Keep the keys ``server``'s IAM just issued (user → (access key, secret)), and save."""
+        self.data["secrets"]["s3"][server] = {u: {"access_key": k, "secret_key": s} for u, (k, s) in keys.items()}
+        self.save()
