@@ -125,8 +125,10 @@ def resolve_task(conf: Conf, tpath: Path) -> TaskSpec:
     try:
         task = build_task(t.task, conf.dataset.schema_)
     except ValueError as e:
-        raise ConfigError(f"{tpath}: key 'task': {e} in dataset {conf.dataset_name!r}; choose the task that fits "
-                          "the label (bool: binary, category: multiclass, float/int: regression)") from None
+        # A task that does not fit the label type gets the map of which fits; any other refusal says its own fix.
+        hint = ("; choose the task that fits the label (bool: binary, category: multiclass, float/int: regression)"
+                if "needs a label column" in str(e) else "")
+        raise ConfigError(f"{tpath}: key 'task': {e} in dataset {conf.dataset_name!r}{hint}") from None
     named = (("gate.primary_metric", t.gate.primary_metric), ("validation.metric", t.validation.metric))
     for key, name in named:
         try:

@@ -17,8 +17,9 @@ from typing import Any
 import pandas as pd
 
 from insitu.conf import SchemaConfig, ShardConfig, SplitConfig
-from insitu.data.features import assign_split, featurize, label_classes
+from insitu.data.features import featurize, label_classes
 from insitu.data.schema import REASON, validate
+from insitu.data.splits import split_of
 from insitu.federated.stats import combine, partial_stats
 from insitu.storage import Store
 
@@ -110,7 +111,8 @@ def prepare_shard(
     if len(good) == 0:
         return rep
     x, y = featurize(good, schema)
-    which = assign_split(good[schema.id], split, split_key)
+    # The public split_of, so that a central baseline's split of the rows cannot differ from this one.
+    which = split_of(good[schema.id], split_key=split_key, split=split)
     prefix = prepared_prefix(dataset, job_id)
     for name in SPLITS:
         m = which == name

@@ -22,10 +22,12 @@ def build_task(config: TaskConfig, schema: SchemaConfig) -> TaskSpec:
 
 
 def task_for_label(name: str = "binary", label_type: str = "bool", classes: list[str] | None = None,
-                   **options: object) -> TaskSpec:
-    """The task ``name`` for a label of ``label_type`` (and ``classes``), without a dataset's schema: for
-    benchmarks, notebooks and tests that train on arrays."""
-    label = {"type": label_type, **({"values": classes} if classes else {})}
+                   label_min: float | None = None, **options: object) -> TaskSpec:
+    """The task ``name`` for a label of ``label_type`` (and ``classes``, or a number's ``label_min``), without a
+    dataset's schema: for benchmarks, notebooks and tests that train on arrays. ``options`` are the task's
+    keys, e.g. ``task_for_label("regression", "int", label_min=0, loss="poisson")`` for counts."""
+    label = {"type": label_type, **({"values": classes} if classes else {}),
+             **({"min": label_min} if label_min is not None else {})}
     schema = SchemaConfig.model_validate({"id": "id", "label": "label",
                                           "columns": {"id": {"type": "string"}, "label": label}})
     return build_task(TaskConfig.model_validate({"name": name, **options}), schema)
