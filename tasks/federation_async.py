@@ -14,26 +14,17 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from insitu.conf import TrainingConfig
-from insitu.federated.asynchronous import build_algorithm
+from insitu.federated.asynchronous import build_algorithm, update_limit
 from insitu.federated.asynchronous.server import Arrival, ParameterServer
 from insitu.federated.coordinator import RoundsOutcome
 from insitu.federated.exchange import Exchange
-from insitu.federated.kinds import MAX_UPDATE_NORM, async_update_limit
+from insitu.federated.kinds import MAX_UPDATE_NORM
 from insitu.federated.paths import validation
 from insitu.federated.rounds import collect
 from insitu.federated.validation import RoundValidation, Selection
 from insitu.governance.audit_service import Auditor
 from insitu.specs import TaskSpec
 from tasks.evaluate import read_validation
-
-
-def update_limit(training: TrainingConfig) -> int | None:
-    """How many updates one site may push in this job: None in sync mode (one per round)."""
-    f = training.federation
-    if f.mode != "async":
-        return None
-    a = f.asynchronous
-    return async_update_limit(training.rounds, a.buffer_size if a.algorithm == "fedbuff" else 1)
 
 
 def open_server(ex: Exchange, training: TrainingConfig, sites: list[str]) -> ParameterServer:

@@ -116,6 +116,11 @@ class AsyncAlgorithm(ABC):
     def __init__(self, config: AsyncConfig) -> None:
         self.config = config
 
+    @property
+    def updates_per_version(self) -> int:
+        """Accepted updates one new global version takes (FedAsync: every update is one; FedBuff: its buffer)."""
+        return 1
+
     def receive(self, server: ServerState, global_state: Mapping[str, torch.Tensor], update: SiteUpdate) -> Decision:
         """Decide one update against the server's state and the newest global weights (those of
         ``server.version``).

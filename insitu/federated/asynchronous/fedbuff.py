@@ -32,6 +32,10 @@ from insitu.federated.asynchronous.base import (
 class FedBuff(AsyncAlgorithm):
     name = "fedbuff"
 
+    @property
+    def updates_per_version(self) -> int:
+        return self.config.buffer_size
+
     def _accept(self, server: ServerState, global_state: Mapping[str, torch.Tensor], update: SiteUpdate,
                 staleness: int, s: float) -> Decision:
         total = {k: (server.buffer_sum[k].double() if server.buffer_sum is not None

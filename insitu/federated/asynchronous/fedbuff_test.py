@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from insitu.conf import AsyncConfig, StalenessConfig
-from insitu.federated.asynchronous import FedBuff, ServerState, SiteUpdate, build_algorithm
+from insitu.conf import AsyncConfig, StalenessConfig, TrainingConfig
+from insitu.federated.asynchronous import FedBuff, ServerState, SiteUpdate, build_algorithm, update_limit
+from insitu.federated.kinds import async_update_limit
 
 
 def _algo(**kw: object) -> FedBuff:
@@ -64,3 +65,15 @@ def test_a_serialised_state_continues_exactly() -> None:
     resumed = ServerState.from_json(doc, {k: v.clone() for k, v in mid.buffer_sum.items()})
     r = algo.receive(resumed, g, ups[2])
     assert torch.equal(r.global_state["w"], d.global_state["w"]) and r.state == straight
+
+
+def test_a_version_takes_a_buffer_of_updates_and_bounds_what_a_site_may_push() -> None:
+    assert _algo(buffer_size=3).updates_per_version == 3
+    assert build_algorithm(AsyncConfig(algorithm="fedasync")).updates_per_version == 1
+    fedbuff = TrainingConfig(rounds=4, federation={"mode": "async", "asynchronous": {"algorithm": "fedbuff",
+                                                                                       "buffer_size": 3}},
+                             validation={"select": "last"})
+    fedasync = fedbuff.model_copy(update={"federation": fedbuff.federation.model_copy(
+        update={"asynchronous": AsyncConfig(algorithm="fedasync")})})
+    assert update_limit(fedbuff) == async_update_limit(4, 3) > update_limit(fedasync) == async_update_limit(4, 1)
+    assert update_limit(TrainingConfig(rounds=4)) is None  # sync: one update per round
