@@ -118,9 +118,9 @@ def main() -> None:
     model = model.to(device)
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
     if args.strategy == "fsdp":
-        from insitu.parallel.fsdp import apply_fsdp
+        from insitu.parallel.fsdp import Options, apply_fsdp
 
-        module = apply_fsdp(model, mesh, cfg.parallel.fsdp, device)
+        module = apply_fsdp(model, mesh, Options.model_validate(cfg.parallel).fsdp, device)
     else:
         from insitu.parallel.ddp import parallelize
 

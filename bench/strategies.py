@@ -78,9 +78,9 @@ def memory_payload(rank: int, world: int, spec: TrainSpec) -> dict[str, Any]:
     from insitu.data.loader import load_rank_part_cached
     from insitu.parallel.loop import make_optimizer
     from insitu.parallel.rank import data_replica, mesh_dims
-    from insitu.parallel.strategies import strategy_module
+    from insitu.parallel.strategies import strategy as strategy_named
 
-    strategy = strategy_module(spec.training.strategy)
+    strategy = strategy_named(spec.training.strategy)
     nccl = dist.get_backend() == "nccl"
     device = torch.device(f"cuda:{torch.cuda.current_device()}") if nccl else torch.device("cpu")
     if nccl:

@@ -5,7 +5,7 @@
 by that component's own ``Options``, with the configuration's "file: key: fix" messages::
 
     job = load_job("fraud", dataset="fraud")
-    job.task.gate_metric("pr_auc"); job.aggregator; job.strategy.DISTRIBUTED; job.config_hash
+    job.task.gate_metric("pr_auc"); job.aggregator; job.strategy.distributed; job.config_hash
 
 Everything downstream (flows, site tasks, a torchrun rank) takes the resolved job instead of looking names up again.
 """
@@ -15,16 +15,18 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+from pydantic import ValidationError
+
 from insitu.conf import Conf, ConfigError, DatasetConfig, DatasetsConfig, SitesConfig, TrainingConfig, load_conf
-from insitu.conf.errors import did_you_mean
+from insitu.conf.errors import did_you_mean, explain, format_loc
 from insitu.data.features import feature_names
 from insitu.federated.aggregators import AGGREGATORS, Aggregator, build_aggregator
 from insitu.federated.asynchronous import ALGORITHMS, AsyncAlgorithm
 from insitu.models import MODELS, ModelContractError, ModelFactory, build_model, model_factory
-from insitu.parallel.strategies import strategies, strategy_module
+from insitu.parallel.strategies import strategies, strategy
+from insitu.parallel.types import Strategy
 from insitu.specs import TASKS, TaskSpec, build_task
 
 
@@ -41,7 +43,7 @@ class JobSpec:
     model_factory: ModelFactory
     model_options: dict[str, Any]
     aggregator: type[Aggregator]
-    strategy: ModuleType  # the in-site strategy's module (``parallelize``, ``DISTRIBUTED``)
+    strategy: Strategy  # the in-site strategy (``parallelize``, ``distributed``, its options and mesh)
     async_algorithm: type[AsyncAlgorithm] | None  # set when federation.mode is async
     config_hash: str = field(default="")
 
@@ -110,10 +112,10 @@ def resolve(conf: Conf) -> JobSpec:
     task = resolve_task(conf, tpath)
     factory, options = resolve_model(t, tpath)
     aggregator = resolve_aggregator(t, tpath)
-    strategy = resolve_strategy(t, tpath)
+    in_site = resolve_strategy(t, tpath)
     algorithm = resolve_async_algorithm(t, aggregator, tpath)
     return JobSpec(conf=conf, task=task, model_factory=factory, model_options=options, aggregator=aggregator,
-                   strategy=strategy, async_algorithm=algorithm, config_hash=conf.config_hash())
+                   strategy=in_site, async_algorithm=algorithm, config_hash=conf.config_hash())
 
 
 def resolve_task(conf: Conf, tpath: Path) -> TaskSpec:
@@ -162,20 +164,29 @@ def resolve_aggregator(t: TrainingConfig, tpath: Path | str = "training") -> typ
     return AGGREGATORS[name]
 
 
-def resolve_strategy(t: TrainingConfig, tpath: Path | str = "training") -> ModuleType:
+def resolve_strategy(t: TrainingConfig, tpath: Path | str = "training") -> Strategy:
+    """The in-site strategy, its options (its sections of ``parallel:``) and its layout checked by the strategy."""
     try:
-        module = strategy_module(t.strategy)
+        found = strategy(t.strategy)
     except ValueError:
         known = sorted(strategies())
         raise ConfigError(f"{tpath}: key 'strategy': unknown in-site strategy {t.strategy!r}"
                           f"{did_you_mean(t.strategy, known)}; known: {known}") from None
-    check = getattr(module, "check_config", None)
-    if check is not None:
+    if set(t.parallel) - set(found.options.model_fields):  # a section no strategy of this job reads
+        sections = {s for other in strategies().values() for s in other.options.model_fields}
+        for key in sorted(set(t.parallel) - sections):
+            raise ConfigError(f"{tpath}: key 'parallel.{format_loc((key,))}': no in-site strategy has this section"
+                              f"{did_you_mean(key, sections)}; known: {sorted(sections)}")
+    try:
+        found.options_of(t)
+    except ValidationError as e:
+        raise explain(Path(tpath), e, found.options, at=("parallel",)) from None
+    if found.check is not None:
         try:
-            check(t)  # the strategy's layout fits the ranks and the batch: its own check, in its module
+            found.check(t)  # the strategy's layout fits the ranks and the batch: its own check, in its module
         except ValueError as e:
             raise ConfigError(f"{tpath}: key 'strategy': {e}") from None
-    return module
+    return found
 
 
 def resolve_async_algorithm(t: TrainingConfig, aggregator: type[Aggregator],

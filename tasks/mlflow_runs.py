@@ -22,6 +22,7 @@ from insitu.conf import TrainingConfig
 from insitu.federated.validation import RoundValidation
 from insitu.gate import Promotion
 from insitu.job import JobSpec
+from insitu.parallel.strategies import strategy
 
 
 @functools.cache
@@ -38,10 +39,9 @@ def code_version() -> str:
 
 
 def parallel_params(training: TrainingConfig) -> dict[str, Any]:
-    """The parts of ``parallel:`` the job's strategy uses (the rest would only mislead a comparison)."""
-    used = {"fsdp": ["fsdp"], "pipeline": ["pipeline"], "hybrid": ["mesh", "pipeline", "fsdp"]}.get(
-        training.strategy, [])
-    return {k: v for k, v in training.parallel.model_dump().items() if k in used}
+    """The parts of ``parallel:`` the job's strategy uses, defaults filled in (the rest would only mislead a
+    comparison)."""
+    return strategy(training.strategy).options_of(training).model_dump(mode="json")
 
 
 def flat_params(conf: JobSpec) -> dict[str, Any]:

@@ -19,17 +19,13 @@ from insitu.conf.load import Conf, conf_dir, load_conf, load_datasets, load_site
 from insitu.conf.names import CONF_NAME, ENV_NAME, IMPORT_PATH, JOB_ID_PATTERN, SITE_NAME, check_job_id
 from insitu.conf.sites import CoordinatorConfig, DaskRef, SiteConfig, SitesConfig, StorageRef
 from insitu.conf.training import (
-    MESH_DIMS,
     AggregatorConfig,
     AsyncConfig,
     CheckpointConfig,
     FederationConfig,
-    FsdpConfig,
     GateConfig,
     ModelConfig,
     OptimizerConfig,
-    ParallelConfig,
-    PipelineConfig,
     RegistryConfig,
     SplitConfig,
     StalenessConfig,
@@ -42,10 +38,10 @@ from insitu.conf.yaml_loader import ConfLoader, DuplicateKeyError, read_yaml
 
 __all__ = [
     "CONF_NAME", "ConfLoader", "DuplicateKeyError",
-    "ENV_NAME", "IMPORT_PATH", "JOB_ID_PATTERN", "MESH_DIMS", "SITE_NAME", "STORE_SCHEMES",
+    "ENV_NAME", "IMPORT_PATH", "JOB_ID_PATTERN", "SITE_NAME", "STORE_SCHEMES",
     "AggregatorConfig", "AsyncConfig", "CheckpointConfig", "ColumnSpec", "Conf", "ConfigError", "CoordinatorConfig",
-    "DaskRef", "DatasetConfig", "DatasetsConfig", "FederationConfig", "FsdpConfig", "GateConfig", "ModelConfig",
-    "OptimizerConfig", "ParallelConfig", "PipelineConfig", "RegistryConfig", "ScheduleConfig", "SchemaConfig",
+    "DaskRef", "DatasetConfig", "DatasetsConfig", "FederationConfig", "GateConfig", "ModelConfig",
+    "OptimizerConfig", "RegistryConfig", "ScheduleConfig", "SchemaConfig",
     "ShardConfig", "SiteConfig", "SitesConfig", "SplitConfig", "StalenessConfig", "StorageRef", "TaskConfig",
     "TrainingConfig", "ValidationConfig", "check_job_id", "conf_dir", "did_you_mean", "explain", "format_loc",
     "load_conf", "load_datasets", "load_sites", "load_training", "normalise_store_url", "read_yaml", "short",

@@ -88,14 +88,15 @@ def known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return [f.alias or n for n, f in t.model_fields.items()]
 
 
-def explain(path: Path, err: ValidationError, model: type[BaseModel]) -> ConfigError:
-    """``err`` as a :class:`ConfigError` with one line per distinct mistake: file, key, what is wrong, the fix."""
+def explain(path: Path, err: ValidationError, model: type[BaseModel], at: tuple[str | int, ...] = ()) -> ConfigError:
+    """``err`` as a :class:`ConfigError` with one line per distinct mistake: file, key, what is wrong, the fix.
+    ``at``: where in the file the mapping ``model`` validated lies (empty: the whole file)."""
     lines: list[str] = []
     for e in err.errors():
         loc = tuple(e["loc"])
         cause = e.get("ctx", {}).get("error")
         refusal = cause if isinstance(cause, Refusal) else None
-        key = format_loc(loc + (refusal.at if refusal else ()))
+        key = format_loc(at + loc + (refusal.at if refusal else ()))
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             known = known_keys(model, loc[:-1])

@@ -159,51 +159,6 @@ class ValidationConfig(Strict):
         "best", description="the model registered and gated: the best round by the validation metric, or the last")
 
 
-class FsdpConfig(Strict):
-    """Strategy ``fsdp`` (and the data-parallel part of ``hybrid``): FSDP2 ``fully_shard`` options."""
-
-    mixed_precision: Literal["auto", "bf16", "fp32"] = Field(
-        "auto", description="parameter dtype in forward/backward (gradients are reduced in fp32): auto is bf16 "
-                            "on GPU and fp32 on CPU")
-    activation_checkpointing: bool = Field(False, description="recompute each block's activations in backward "
-                                           "(less memory, about a third more compute)")
-    reshard_after_forward: bool = Field(True, description="free gathered parameters after forward (ZeRO-3); "
-                                        "false keeps them until backward (ZeRO-2: more memory, less traffic)")
-
-
-class PipelineConfig(Strict):
-    """Strategy ``pipeline`` (and the pipeline part of ``hybrid``): ``torch.distributed.pipelining``."""
-
-    schedule: Literal["gpipe", "1f1b"] = Field("1f1b", description="GPipe (all forwards, then all backwards) or "
-                                               "1F1B (interleaved: fewer activations alive at once)")
-    microbatches: Annotated[int, Field(ge=1, le=4096)] = Field(
-        4, description="micro-batches per step; the per-replica batch must be a multiple of it")
-    split_points: list[Annotated[int, Field(ge=1)]] | None = Field(
-        None, description="the block index where each stage after the first begins (one per extra stage); "
-                          "empty: blocks split evenly")
-
-
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard")
-
-
-class ParallelConfig(Strict):
-    """How a site's ranks share the model (see the README, 'Which strategy when')."""
-
-    mesh: dict[str, Annotated[int, Field(ge=1)]] = Field(
-        default_factory=dict, description="strategy hybrid: the device mesh's shape, e.g. {pp: 2, dp_shard: 2} "
-        "(pipeline × FSDP) or {dp_replicate: 2, dp_shard: 2} (HSDP); the sizes multiply to ranks_per_site")
-    fsdp: FsdpConfig = FsdpConfig()
-    pipeline: PipelineConfig = PipelineConfig()
-
-    @field_validator("mesh")
-    @classmethod
-    def _dims(cls, v: dict[str, int]) -> dict[str, int]:
-        unknown = sorted(set(v) - set(MESH_DIMS))
-        if unknown:
-            raise ValueError(f"unknown mesh dimension(s) {unknown}; known: {list(MESH_DIMS)}")
-        return {d: v[d] for d in MESH_DIMS if d in v}  # one order, whatever the file's
-
-
 class RegistryConfig(Strict):
     model_name: Annotated[str, Field(min_length=1)] = "insitu-fraud"
 
@@ -219,7 +174,9 @@ class TrainingConfig(Strict):
     seed: int = 0
     strategy: str = "single"
     ranks_per_site: Annotated[int, Field(ge=1, le=1024)] = 1
-    parallel: ParallelConfig = ParallelConfig()
+    parallel: dict[str, Any] = Field(
+        default_factory=dict, description="the in-site strategies' options, one section each (fsdp, pipeline, mesh); "
+                                          "each strategy validates its own (see docs/strategies.md)")
     federation: FederationConfig = FederationConfig()
     split: SplitConfig = SplitConfig()
     registry: RegistryConfig = RegistryConfig()

@@ -17,9 +17,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 
-from insitu.parallel.types import Parallelized, TrainSpec
-
-DISTRIBUTED = True  # ranks_per_site ranks on the site's Dask workers (or under torchrun)
+from insitu.parallel.types import Parallelized, Strategy, TrainSpec
 
 
 class CommTimer:
@@ -61,3 +59,6 @@ def parallelize(model: nn.Module, mesh: DeviceMesh | None, spec: TrainSpec) -> P
     if os.environ.get("INSITU_DDP_COMM_TIMING", "1") != "0":
         ddp.register_comm_hook(mesh.get_group(), timer.hook)
     return Parallelized(ddp, lambda: timer.seconds)
+
+
+STRATEGY = Strategy("ddp", distributed=True, parallelize=parallelize)

@@ -10,26 +10,44 @@ whether to free gathered parameters after forward (ZeRO-3) or keep them for back
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from insitu.conf import FsdpConfig
-from insitu.parallel.types import Parallelized, TrainSpec
-
-DISTRIBUTED = True  # ranks_per_site ranks on the site's Dask workers (or under torchrun)
+from insitu.parallel.types import Parallelized, Strategy, TrainSpec
 
 
-def precision(cfg: FsdpConfig, device: torch.device) -> MixedPrecisionPolicy:
+class FsdpOptions(BaseModel):
+    """``parallel.fsdp``: FSDP2 ``fully_shard`` options (strategy ``fsdp``; the data-parallel part of ``hybrid``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    mixed_precision: Literal["auto", "bf16", "fp32"] = Field(
+        "auto", description="parameter dtype in forward/backward (gradients are reduced in fp32): auto is bf16 "
+                            "on GPU and fp32 on CPU")
+    activation_checkpointing: bool = Field(False, description="recompute each block's activations in backward "
+                                           "(less memory, about a third more compute)")
+    reshard_after_forward: bool = Field(True, description="free gathered parameters after forward (ZeRO-3); "
+                                        "false keeps them until backward (ZeRO-2: more memory, less traffic)")
+
+
+class Options(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)  # other strategies' sections are theirs
+    fsdp: FsdpOptions = FsdpOptions()
+
+
+def precision(cfg: FsdpOptions, device: torch.device) -> MixedPrecisionPolicy:
     bf16 = cfg.mixed_precision == "bf16" or (cfg.mixed_precision == "auto" and device.type == "cuda")
     # Gradients are reduced in fp32 either way: summing many bf16 gradients loses the small ones.
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
         else MixedPrecisionPolicy()
 
 
-def apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg: FsdpConfig, device: torch.device) -> nn.Module:
+def apply_fsdp(model: nn.Module, mesh: DeviceMesh, cfg: FsdpOptions, device: torch.device) -> nn.Module:
     """Shard ``model`` over ``mesh`` (1-D: FSDP; 2-D replicate × shard: HSDP), block by block, in place."""
     policy = precision(cfg, device)
     core = getattr(model, "core", model)
@@ -53,4 +71,8 @@ def parallelize(model: nn.Module, mesh: DeviceMesh | None, spec: TrainSpec) -> P
         raise ValueError("strategy 'fsdp' needs a device mesh over the site's ranks (an initialised process group)")
     device = next(model.parameters()).device
     # Collective time is not measured: FSDP overlaps its all-gathers and reduce-scatters with compute.
-    return Parallelized(apply_fsdp(model, mesh, spec.training.parallel.fsdp, device))
+    options = Options.model_validate(spec.training.parallel)
+    return Parallelized(apply_fsdp(model, mesh, options.fsdp, device))
+
+
+STRATEGY = Strategy("fsdp", distributed=True, parallelize=parallelize, options=Options)

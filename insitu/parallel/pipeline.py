@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import Annotated, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
@@ -25,11 +27,28 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from insitu.conf import TrainingConfig
 from insitu.models import Standardized
 from insitu.parallel.state import gather_stage_states, local_full_state
-from insitu.parallel.types import Parallelized, TrainSpec
-
-DISTRIBUTED = True  # ranks_per_site ranks on the site's Dask workers (or under torchrun)
+from insitu.parallel.types import Parallelized, Strategy, TrainSpec
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+class PipelineOptions(BaseModel):
+    """``parallel.pipeline``: ``torch.distributed.pipelining`` options (strategy ``pipeline``, and the pipeline part
+    of ``hybrid``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    schedule: Literal["gpipe", "1f1b"] = Field("1f1b", description="GPipe (all forwards, then all backwards) or "
+                                               "1F1B (interleaved: fewer activations alive at once)")
+    microbatches: Annotated[int, Field(ge=1, le=4096)] = Field(
+        4, description="micro-batches per step; the per-replica batch must be a multiple of it")
+    split_points: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None, description="the block index where each stage after the first begins (one per extra stage); "
+                          "empty: blocks split evenly")
+
+
+class Options(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)  # other strategies' sections are theirs
+    pipeline: PipelineOptions = PipelineOptions()
 
 
 def mesh_dims(world: int, training: TrainingConfig) -> dict[str, int]:
@@ -39,12 +58,12 @@ def mesh_dims(world: int, training: TrainingConfig) -> dict[str, int]:
 def check_config(training: TrainingConfig) -> None:
     if training.ranks_per_site < 2:
         raise ValueError("strategy 'pipeline' splits the model over ranks_per_site ranks: set ranks_per_site >= 2")
-    check_pipeline(training, stages=training.ranks_per_site, replicas=1)
+    check_pipeline(training, Options.model_validate(training.parallel).pipeline, stages=training.ranks_per_site,
+                   replicas=1)
 
 
-def check_pipeline(training: TrainingConfig, stages: int, replicas: int) -> None:
+def check_pipeline(training: TrainingConfig, pp: PipelineOptions, stages: int, replicas: int) -> None:
     """The batch splits into equal micro-batches, and the split points name one boundary per extra stage."""
-    pp = training.parallel.pipeline
     per_replica = training.batch_size // replicas
     if per_replica % pp.microbatches:
         raise ValueError(f"parallel.pipeline.microbatches ({pp.microbatches}) must divide the batch of each "
@@ -95,7 +114,7 @@ def build_pipeline(model: Standardized, pp_mesh: DeviceMesh, spec: TrainSpec,
                    is_replica_leader: bool = True) -> Parallelized:
     """This rank's stage of ``model`` over ``pp_mesh`` (optionally sharded further by ``wrap_stage``), with the
     configured schedule as its step. ``is_replica_leader``: this rank sends its stage's weights to rank 0."""
-    pp = spec.training.parallel.pipeline
+    pp = Options.model_validate(spec.training.parallel).pipeline
     n_stages, stage = pp_mesh.size(), pp_mesh.get_local_rank()
     device = next(model.parameters()).device
     module: nn.Module = stage_module(model, stage, n_stages, pp.split_points)
@@ -127,3 +146,7 @@ def parallelize(model: nn.Module, mesh: DeviceMesh | None, spec: TrainSpec) -> P
     if not isinstance(model, Standardized):
         raise TypeError("a pipeline splits an insitu model (models.build_model's Standardized)")
     return build_pipeline(model, mesh, spec)
+
+
+STRATEGY = Strategy("pipeline", distributed=True, parallelize=parallelize, options=Options, mesh_dims=mesh_dims,
+                    check=check_config)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -25,15 +24,15 @@ from insitu.parallel.allocator import training_allocator
 from insitu.parallel.checkpoint import Checkpointer
 from insitu.parallel.loop import train_epochs
 from insitu.parallel.state import local_full_state, named_parameters
-from insitu.parallel.strategies import strategy_module
-from insitu.parallel.types import TrainResult, TrainSpec
+from insitu.parallel.strategies import strategy as strategy_named
+from insitu.parallel.types import Strategy, TrainResult, TrainSpec
 
 log = logging.getLogger(__name__)
 
 
-def mesh_dims(strategy: ModuleType, world: int, training: TrainingConfig) -> dict[str, int]:
+def mesh_dims(strategy: Strategy, world: int, training: TrainingConfig) -> dict[str, int]:
     """The strategy's mesh, outermost dimension first (``{"dp": world}`` unless it says otherwise)."""
-    dims: dict[str, int] = strategy.mesh_dims(world, training) if hasattr(strategy, "mesh_dims") else {"dp": world}
+    dims = strategy.mesh_dims(world, training) if strategy.mesh_dims is not None else {"dp": world}
     if math.prod(dims.values()) != world:
         raise ValueError(f"strategy {training.strategy!r} lays out {dims} = {math.prod(dims.values())} ranks, "
                          f"but {world} ranks run; make parallel.mesh multiply to ranks_per_site")
@@ -63,7 +62,7 @@ def rank_main(rank: int, world: int, spec: TrainSpec) -> TrainResult | None:
 
 
 def _rank_main(rank: int, world: int, spec: TrainSpec) -> TrainResult | None:
-    strategy = strategy_module(spec.training.strategy)
+    strategy = strategy_named(spec.training.strategy)
     distributed = dist.is_available() and dist.is_initialized()
     nccl = distributed and dist.get_backend() == "nccl"
     device = torch.device(f"cuda:{torch.cuda.current_device()}") if nccl else torch.device("cpu")

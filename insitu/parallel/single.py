@@ -5,10 +5,12 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from insitu.parallel.types import Parallelized, TrainSpec
-
-DISTRIBUTED = False  # runs in the calling process, no ranks on Dask
+from insitu.parallel.types import Parallelized, Strategy, TrainSpec
 
 
 def parallelize(model: nn.Module, mesh: DeviceMesh | None, spec: TrainSpec) -> Parallelized:
     return Parallelized(model)
+
+
+# One process trains on all of the site's rows: no ranks on Dask.
+STRATEGY = Strategy("single", distributed=False, parallelize=parallelize)

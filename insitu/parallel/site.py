@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from insitu.parallel.launch import launch_on_dask
 from insitu.parallel.rank import rank_main
-from insitu.parallel.strategies import strategy_module
+from insitu.parallel.strategies import strategy
 from insitu.parallel.types import TrainResult, TrainSpec
 
 
 def train_site(spec: TrainSpec, dask_address: str | None = None) -> TrainResult:
     """Run the configured strategy on this site's training data."""
-    strategy = strategy_module(spec.training.strategy)
-    if not strategy.DISTRIBUTED:
+    if not strategy(spec.training.strategy).distributed:
         result = rank_main(0, 1, spec)
         if result is None:  # rank 0 always returns its result
             raise RuntimeError("rank 0 returned no result")

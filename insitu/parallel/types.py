@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from insitu.conf import TrainingConfig
@@ -13,6 +14,7 @@ from insitu.storage import Store
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed.device_mesh import DeviceMesh
 
     from insitu.specs.base import TaskSpec
 
@@ -83,3 +85,33 @@ class Parallelized:
     step: StepFn | None = None
     full_state: Callable[[], dict[str, torch.Tensor]] | None = None
     drop_last: bool = False
+
+
+class NoOptions(BaseModel):
+    """A strategy's options (its sections of ``parallel:``) when it takes none. Other strategies' sections are
+    left to them: a config may switch strategy without deleting the sections it no longer uses."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """An in-site strategy, one per file of ``insitu/parallel/`` as ``STRATEGY = Strategy(...)``.
+
+    ``distributed``: True runs ``ranks_per_site`` ranks on the site's Dask workers (or under torchrun), False runs
+    in the calling process. ``parallelize(model, mesh, spec)`` returns what trains. ``options`` validates the
+    strategy's sections of ``parallel:`` (:meth:`options_of`). ``mesh_dims(world, training)`` lays out the device
+    mesh, outermost dimension first (None: every rank data-parallel, ``{"dp": world}``). ``check(training)``
+    raises ValueError when the layout cannot work with these ranks and batch, naming the key and the fix.
+    """
+
+    name: str
+    distributed: bool
+    parallelize: Callable[[nn.Module, DeviceMesh | None, TrainSpec], Parallelized]
+    options: type[BaseModel] = NoOptions
+    mesh_dims: Callable[[int, TrainingConfig], dict[str, int]] | None = None
+    check: Callable[[TrainingConfig], None] | None = None
+
+    def options_of(self, training: TrainingConfig) -> BaseModel:
+        """This strategy's options, from the training config's ``parallel:`` mapping."""
+        return self.options.model_validate(training.parallel)

@@ -47,7 +47,7 @@ def test_a_new_task_model_aggregator_and_strategy_are_one_file_each(tmp_path: Pa
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["package"] == str(tmp_path / "insitu" / "__init__.py")  # the copy, not the checkout
-    assert result["resolved"] == ["dummy_binary", "dummy_linear", "dummy_first", "insitu.parallel.dummy_single"]
+    assert result["resolved"] == ["dummy_binary", "dummy_linear", "dummy_first", "dummy_single"]
     assert result["parallelize_calls"] == 1  # the dummy strategy wrapped the model that trained
     assert result["steps"] > 0 and result["trained_changed_weights"]
     assert result["aggregate_is_first_update"]  # the dummy aggregator's rule decided the global model

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from insitu.conf import ModelConfig, TrainingConfig
+from insitu.conf import ConfigError, ModelConfig, TrainingConfig
 from insitu.job import resolve_strategy
 from insitu.models import build_model
 from insitu.parallel.pipeline import stage_bounds, stage_module
@@ -79,7 +79,23 @@ def test_a_layout_that_cannot_work_is_refused_naming_the_key(keys: dict[str, obj
 def test_layouts_that_work_load() -> None:
     t = TrainingConfig.model_validate({"strategy": "hybrid", "ranks_per_site": 8, "parallel": {
         "mesh": {"dp_shard": 2, "pp": 2, "dp_replicate": 2}}})
-    assert list(t.parallel.mesh) == ["pp", "dp_replicate", "dp_shard"]  # outermost first, whatever the file's order
+    # outermost first, whatever the file's order
+    assert list(resolve_strategy(t).options_of(t).mesh) == ["pp", "dp_replicate", "dp_shard"]
     resolve_strategy(t)
     resolve_strategy(TrainingConfig.model_validate({"strategy": "fsdp", "ranks_per_site": 3}))
     resolve_strategy(TrainingConfig.model_validate({"strategy": "pipeline", "ranks_per_site": 4, "batch_size": 64}))
+
+
+def test_a_strategys_options_are_validated_by_the_strategy_naming_the_key() -> None:
+    bad = TrainingConfig.model_validate({"strategy": "fsdp", "ranks_per_site": 2,
+                                         "parallel": {"fsdp": {"mixed_precision": "bf17"}}})
+    with pytest.raises(ConfigError, match=r"key 'parallel\.fsdp\.mixed_precision': Input should be 'auto', 'bf16'"):
+        resolve_strategy(bad)
+    typo = TrainingConfig.model_validate({"strategy": "fsdp", "ranks_per_site": 2, "parallel": {"fsdb": {}}})
+    with pytest.raises(ConfigError, match=r"key 'parallel\.fsdb': no in-site strategy has this section "
+                                          r"\(did you mean 'fsdp'\?\)"):
+        resolve_strategy(typo)
+    # Another strategy's section is left to it: a config may switch strategy without deleting it.
+    switched = TrainingConfig.model_validate({"strategy": "ddp", "ranks_per_site": 2,
+                                              "parallel": {"fsdp": {"mixed_precision": "bf16"}}})
+    assert resolve_strategy(switched).name == "ddp"

@@ -76,17 +76,17 @@ def test_the_shipped_seams_list_what_is_shipped() -> None:
 
 
 def test_a_strategy_is_looked_up_by_the_same_rule_that_lists_them() -> None:
-    from insitu.parallel.strategies import strategy_module
+    from insitu.parallel.strategies import strategy
 
     for name in ("ddp", "fsdp", "pipeline", "hybrid", "single"):
-        assert strategy_module(name).__name__ == f"insitu.parallel.{name}"
+        assert strategy(name).name == name and strategy(name).parallelize.__module__ == f"insitu.parallel.{name}"
     # modules of insitu/parallel that are not strategies, and names that are not modules at all
     for name in ("loop", "rank", "_private", "ddp_test", "../ddp", "nope"):
         with pytest.raises(ValueError, match=rf"unknown strategy '{re.escape(name)}'; known: \['ddp', "):
-            strategy_module(name)
+            strategy(name)
     # Validating a config imports its own strategy only (every config load would pay for all of them).
     out = subprocess.run([sys.executable, "-c", (
-        "import sys; from insitu.parallel.strategies import strategy_module; strategy_module('ddp'); "
+        "import sys; from insitu.parallel.strategies import strategy; strategy('ddp'); "
         "import json; print(json.dumps([m for m in sys.modules if m.startswith('insitu.parallel.')]))")],
         capture_output=True, text=True, check=True, timeout=120)
     loaded = json.loads(out.stdout.strip().splitlines()[-1])

@@ -3,9 +3,8 @@
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from insitu.parallel.types import Parallelized, TrainSpec
+from insitu.parallel.types import Parallelized, Strategy, TrainSpec
 
-DISTRIBUTED = False
 CALLS = 0
 
 
@@ -13,3 +12,6 @@ def parallelize(model: nn.Module, mesh: DeviceMesh | None, spec: TrainSpec) -> P
     global CALLS
     CALLS += 1
     return Parallelized(model)
+
+
+STRATEGY = Strategy("dummy_single", distributed=False, parallelize=parallelize)

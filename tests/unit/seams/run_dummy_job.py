@@ -45,8 +45,8 @@ aggregator = build_aggregator(job.training.aggregator.name, job.training.aggrega
 new_global, _ = aggregator.aggregate(0, start, [Update("eu", trained, 256), Update("us", other, 256)])
 print(json.dumps({
     "package": insitu.__file__,
-    "resolved": [job.task.name, job.training.model.name, job.aggregator.name, job.strategy.__name__],
-    "parallelize_calls": job.strategy.CALLS,
+    "resolved": [job.task.name, job.training.model.name, job.aggregator.name, job.strategy.name],
+    "parallelize_calls": sys.modules[job.strategy.parallelize.__module__].CALLS,
     "steps": int(result.metrics.get("steps", 0)),
     "trained_changed_weights": any(not torch.equal(trained[k], start[k]) for k in start
                                    if start[k].is_floating_point()),
