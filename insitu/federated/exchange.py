@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
+from insitu.federated.documents.base import MAX_TEXT
 from insitu.federated.kinds import (
     KINDS,
     MAX_UPDATE_NORM,
@@ -41,7 +42,7 @@ from insitu.federated.kinds import (
     shown,
 )
 from insitu.federated.paths import ABORT, Document, Kind, State
-from insitu.federated.schemas import ARTEFACTS, MAX_TEXT, Artefact, artefact, check_document, role
+from insitu.federated.schemas import ARTEFACTS, Artefact, artefact, check_document, role
 from insitu.federated.states import check_state
 from insitu.storage import Store
 
