@@ -66,7 +66,8 @@ def metrics_or_withheld(schemas: Mapping[str, type[Doc]]) -> Any:
         return str(v.get("task", default))
 
     members = tuple(Annotated[schema, Tag(name)] for name, schema in schemas.items())
-    return Annotated[Union[(*members, Annotated[Withheld, Tag(WITHHELD)])], Discriminator(tag)]  # noqa: UP007
+    # Union[...] of a tuple: the members are known only when the tasks are
+    return Annotated[Union[(*members, Annotated[Withheld, Tag(WITHHELD)])], Discriminator(tag)]
 
 
 MODEL_METRICS: dict[str, type[Doc]] = task_metrics(TASKS)
