@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from insitu.federated.documents.summary import BINARY_METRIC_NAMES
 from insitu.federated.exchange import Exchange
 from insitu.federated.paths import EVALUATION, PREPARE_STATS, async_update, update
 from insitu.job import JobSpec
@@ -110,7 +111,7 @@ def collect_identities(
 # What the summary names each task's metrics; a metric without an entry is shown by its own name.
 METRIC_TITLES = {"roc_auc": "ROC-AUC", "pr_auc": "PR-AUC", "loss": "test loss", "macro_f1": "macro-F1",
                  "log_loss": "log-loss", "rmse": "RMSE", "mae": "MAE", "r2": "R²"}
-BINARY_METRICS = ("roc_auc", "pr_auc", "loss")  # summaries written before tasks named their metrics
+BINARY_METRICS = BINARY_METRIC_NAMES  # what a summary written before tasks named their metrics shows
 
 
 def summary_columns(s: dict[str, Any]) -> list[str]:

@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import io
 import json
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
+from insitu.federated.call_forms import UNSET, document_of, state_of
+from insitu.federated.documents.base import MAX_TEXT
 from insitu.federated.kinds import (
     KINDS,
     MAX_UPDATE_NORM,
@@ -40,8 +40,10 @@ from insitu.federated.kinds import (
     check_budgets,
     shown,
 )
+from insitu.federated.ledger import bytes_by_writer, stray_objects
 from insitu.federated.paths import ABORT, Document, Kind, State
-from insitu.federated.schemas import ARTEFACTS, MAX_TEXT, Artefact, artefact, check_document, role
+from insitu.federated.schemas import Artefact, artefact, check_document
+from insitu.federated.state_bytes import state_from_bytes, state_to_bytes
 from insitu.federated.states import check_state
 from insitu.storage import Store
 
@@ -55,51 +57,6 @@ __all__ = ["KINDS", "Exchange", "ExchangeError", "enforce_protocol", "state_from
 
 # A candidate of wait_for_any: a catalogue Document and its writer, or a raw (kind, name, writer).
 Candidate = TypeVar("Candidate", bound=tuple[Document, str | None] | tuple[str, str, str | None])
-
-# The default of the argument that a catalogue call passes one fewer of (put_json(doc, obj) against
-# put_json(kind, name, obj)): no caller can pass it, so its presence tells the two forms apart.
-_UNSET: Any = object()
-
-
-def _named(kind: str | Document | State, name: object) -> str:
-    """Why a call names its object twice, or not at all (the TypeError's message)."""
-    if isinstance(kind, Document | State):
-        # e.g. get_json(GLOBAL_STATS, "coordinator"): the writer went where the raw form has the name
-        return f"{kind.kind}/{kind.name} is named already: give no name, and the writer as writer="
-    return f"kind {shown(kind)} needs a name: pass an object of insitu.federated.paths, or a kind and a name"
-
-
-def _document(kind: str | Document, name: str | None = None) -> tuple[str, str]:
-    """``(kind, name)`` of a catalogue Document, or of the raw form; TypeError when the two are mixed."""
-    if isinstance(kind, State):
-        raise TypeError(f"{kind.kind}/{kind.name} is a model state: use get_state/put_state, or its .manifest")
-    if isinstance(kind, Document) != (name is None):
-        raise TypeError(_named(kind, name))
-    return (kind.kind, kind.name) if isinstance(kind, Document) else (kind, str(name))
-
-
-def _state(kind: str | State, name: str | None = None) -> State:
-    """The State of a catalogue call, or the one a raw ``(kind, name)`` call names; TypeError when mixed."""
-    if isinstance(kind, Document):
-        raise TypeError(f"{kind.kind}/{kind.name} is a JSON document: use get_json/put_json")
-    if isinstance(kind, State) != (name is None):
-        raise TypeError(_named(kind, name))
-    return kind if isinstance(kind, State) else State(kind, str(name))
-
-
-def state_to_bytes(state: dict[str, torch.Tensor]) -> bytes:
-    import torch
-
-    buf = io.BytesIO()
-    torch.save({k: v.detach().cpu() for k, v in state.items()}, buf)
-    return buf.getvalue()
-
-
-def state_from_bytes(data: bytes) -> dict[str, torch.Tensor]:
-    import torch
-
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-
 
 class Exchange:
     """Read and write one job's artefacts on the exchange store as ``writer``."""
@@ -148,11 +105,11 @@ class Exchange:
     def put_json(self, doc: Document, obj: Any, /) -> str: ...
     @overload
     def put_json(self, kind: str, name: str, obj: Any) -> str: ...
-    def put_json(self, kind: str | Document, name: Any, obj: Any = _UNSET) -> str:
+    def put_json(self, kind: str | Document, name: Any, obj: Any = UNSET) -> str:
         """Write one of the protocol's JSON documents; ExchangeError naming the offending keys otherwise."""
-        if obj is _UNSET:  # put_json(doc, obj): the object came where the raw form has the name
+        if obj is UNSET:  # put_json(doc, obj): the object came where the raw form has the name
             name, obj = None, name
-        kind, name = _document(kind, name)
+        kind, name = document_of(kind, name)
         return self._put_bytes(kind, name, self._encode(kind, name, obj))
 
     def put_abort(self, reason: str) -> str:
@@ -186,7 +143,7 @@ class Exchange:
         self,
         kind: str | State,
         name: str | dict[str, torch.Tensor],
-        state: dict[str, torch.Tensor] = _UNSET,
+        state: dict[str, torch.Tensor] = UNSET,
         *,
         reference: Mapping[str, torch.Tensor] | None = None,
         max_norm: float = MAX_UPDATE_NORM,
@@ -198,10 +155,10 @@ class Exchange:
         exactly that state's names, shapes and dtypes, is finite, and ``||state - reference||_2 <= max_norm``.
         Nothing is written unless both the state and its manifest pass.
         """
-        if state is _UNSET:  # put_state(target, tensors): the tensors came where the raw form has the name
-            target, state = _state(kind), cast("dict[str, torch.Tensor]", name)
+        if state is UNSET:  # put_state(target, tensors): the tensors came where the raw form has the name
+            target, state = state_of(kind), cast("dict[str, torch.Tensor]", name)
         else:
-            target = _state(kind, cast(str, name))
+            target = state_of(kind, cast(str, name))
         kind, name = target.kind, target.name
         if kind not in (Kind.WEIGHTS, Kind.UPDATE):
             raise ExchangeError(f"model state goes under 'weights' or 'update', not {shown(kind)}")
@@ -236,7 +193,7 @@ class Exchange:
     def exists(self, kind: str, name: str, writer: str | None = None) -> bool: ...
     def exists(self, kind: str | Document, name: str | None = None, writer: str | None = None) -> bool:
         """Whether an object is there; a state's is its ``.manifest`` (written last)."""
-        kind, name = _document(kind, name)
+        kind, name = document_of(kind, name)
         path = self._path(self.key(kind, name, writer))
         # s3fs answers exists() from a cached listing of the parent when it has one (a ledger() or strays()
         # listing fills it): an artefact written since would stay invisible. Always ask the store.
@@ -270,7 +227,7 @@ class Exchange:
     def get_json(self, kind: str, name: str, writer: str | None = None) -> Any: ...
     def get_json(self, kind: str | Document, name: str | None = None, writer: str | None = None) -> Any:
         """Read one of the protocol's JSON documents, checked against its schema as if we had written it."""
-        kind, name = _document(kind, name)
+        kind, name = document_of(kind, name)
         art = self._protocol(kind, name, writer)
         data = self._get_bytes(kind, name, writer, art.max_bytes)
         check_document(art, data, self._where(kind, name, writer), job_id=self.job_id, writer=writer or self.writer,
@@ -311,7 +268,7 @@ class Exchange:
         With ``reference`` (how the coordinator reads an update) the state must match the global model's
         layout and lie within ``max_norm`` of it.
         """
-        source = _state(kind, name)
+        source = state_of(kind, name)
         kind = source.kind
         manifest = self.get_json(source.manifest, writer=writer)
         self._protocol(kind, source.file, writer)
@@ -341,7 +298,7 @@ class Exchange:
         poll: float = 0.5,
     ) -> bool:
         """Wait until an artefact exists (a state: its ``.manifest``); False on timeout."""
-        return self.wait_for_any([(*_document(kind, name), writer)], timeout, poll) is not None
+        return self.wait_for_any([(*document_of(kind, name), writer)], timeout, poll) is not None
 
     def wait_for_any(
         self, candidates: Sequence[Candidate], timeout: float = 600.0, poll: float = 0.5
@@ -352,7 +309,7 @@ class Exchange:
         ``.manifest``), or a raw ``(kind, name, writer)``.
         """
         deadline = time.monotonic() + timeout
-        paths = [(c, self._path(self.key(*_document(*c[:-1]), c[-1]))) for c in candidates]
+        paths = [(c, self._path(self.key(*document_of(*c[:-1]), c[-1]))) for c in candidates]
         while True:
             self.fs.invalidate_cache()
             for c, path in paths:
@@ -368,7 +325,7 @@ class Exchange:
     def delete(self, kind: str, name: str) -> None: ...
     def delete(self, kind: str | Document, name: str | None = None) -> None:
         """Remove one of this writer's artefacts (e.g. a stale control marker); no error if absent."""
-        kind, name = _document(kind, name)
+        kind, name = document_of(kind, name)
         # One DeleteObject on the key (not a bulk delete): an IAM policy scoped to this writer's prefix is
         # checked per key, and s3fs would ignore a bulk delete's per-key AccessDenied.
         try:
@@ -399,28 +356,14 @@ class Exchange:
 
     def ledger(self) -> dict[str, dict[str, int]]:
         """Bytes on the exchange for this job, per writer and kind."""
-        out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        for rel, size in self._objects().items():
-            parts = rel.split("/")
-            if len(parts) < 3:
-                continue
-            kind, writer = parts[0], parts[1]
-            out[writer][kind] += size
-        return {w: dict(k) for w, k in out.items()}
+        return bytes_by_writer(self._objects())
 
     def strays(self) -> list[str]:
         """Objects of this job that are no artefact of the protocol (a name, kind or writer it does not know).
 
         Nothing reads them, but their presence means a writer went around :class:`Exchange`.
         """
-        out = []
-        for rel in sorted(self._objects()):
-            parts = rel.split("/")
-            known = len(parts) == 3 and any(a.kind == parts[0] and a.writer == role(parts[1])
-                                            and a.pattern.fullmatch(parts[2]) for a in ARTEFACTS)
-            if not known:
-                out.append(f"{'/'.join(shown(p, False) for p in parts)} is not an artefact of the protocol")
-        return out
+        return stray_objects(self._objects())
 
 
 def enforce_protocol(ex: Exchange, budgets: Mapping[str, int], when: str) -> None:

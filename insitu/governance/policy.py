@@ -37,6 +37,7 @@ from typing import Annotated, Any
 import cedarpy
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from insitu.governance.default_policy import DEFAULT_CEDAR  # the platform's first policy, exported from here too
 from insitu.governance.principals import PRINCIPAL_NAME, ROLES, key_id, sign, verify_signature
 from insitu.governance.request import (
     Action,
@@ -76,60 +77,6 @@ CEDAR_SCHEMA: dict[str, Any] = {
         },
     }
 }
-
-DEFAULT_CEDAR = """\
-// Data scientists may prepare, train and evaluate on the fraud dataset for fraud detection,
-// with the strategies and aggregators this site has reviewed, for at most 50 rounds.
-@id("data-scientists-fraud-detection")
-permit (
-  principal in Insitu::Role::"data-scientist",
-  action in [Insitu::Action::"prepare", Insitu::Action::"train", Insitu::Action::"evaluate"],
-  resource == Insitu::Dataset::"fraud"
-)
-when {
-  context.purpose == "fraud-detection" &&
-  ["single", "ddp", "fsdp", "pipeline", "hybrid"].contains(context.strategy) &&
-  ["fedavg", "fedprox", "fedadam", "fedyogi", "fedadagrad", "median", "trimmed_mean"].contains(context.aggregator) &&
-  ["tabular_mlp", "fraud_mlp"].contains(context.model) &&
-  context.rounds <= 50
-};
-
-// The shipped multi-class example (handwritten digits), under the same reviewed code.
-@id("data-scientists-digits")
-permit (
-  principal in Insitu::Role::"data-scientist",
-  action in [Insitu::Action::"prepare", Insitu::Action::"train", Insitu::Action::"evaluate"],
-  resource == Insitu::Dataset::"digits"
-)
-when {
-  context.purpose == "digit-recognition" &&
-  ["single", "ddp", "fsdp", "pipeline", "hybrid"].contains(context.strategy) &&
-  ["fedavg", "fedprox", "fedadam", "fedyogi", "fedadagrad", "median", "trimmed_mean"].contains(context.aggregator) &&
-  ["tabular_mlp", "examples.models:residual_mlp"].contains(context.model) &&
-  context.rounds <= 50
-};
-
-// The sequence example: a transformer over each card's recent transactions, for the same purpose.
-@id("data-scientists-card-sequences")
-permit (
-  principal in Insitu::Role::"data-scientist",
-  action in [Insitu::Action::"prepare", Insitu::Action::"train", Insitu::Action::"evaluate"],
-  resource == Insitu::Dataset::"card_sequences"
-)
-when {
-  context.purpose == "fraud-detection" &&
-  ["single", "ddp", "fsdp", "pipeline", "hybrid"].contains(context.strategy) &&
-  ["fedavg", "fedprox", "fedadam", "fedyogi", "fedadagrad", "median", "trimmed_mean"].contains(context.aggregator) &&
-  ["sequence_transformer", "tabular_mlp"].contains(context.model) &&
-  context.rounds <= 50
-};
-
-// A standing approval (Prefect UI, schedules) may not run long jobs.
-@id("standing-approvals-at-most-20-rounds")
-forbid (principal, action, resource)
-when { context.standing && context.rounds > 20 };
-"""
-
 
 RULE_JOB_OWNER = "request.job-owner"
 

@@ -3,9 +3,10 @@ classification and regression, in one object (in the spirit of torchtitan's ``Mo
 
 A task spec knows, for a dataset's label column: how many outputs the model has, the loss (built from the
 *federated* statistics of the labels, never from a row), what a site publishes about a model on its test
-split (aggregates over at least the row floor), how those combine into global metrics, and which metrics
-the champion/challenger gate may use and in which direction. Adding a task is one file of ``insitu/specs/``
-plus its test; :mod:`insitu.specs` lists them once, and the configuration validates against that list.
+split (aggregates over at least the row floor) and the schema the exchange checks that against, how those
+combine into global metrics, and which metrics the champion/challenger gate may use and in which direction.
+Adding a task is one file of ``insitu/specs/`` plus its test; :mod:`insitu.specs` lists them once, and the
+configuration and the exchange's metrics schema are built from that list.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from insitu.conf import SchemaConfig, TaskConfig
+from insitu.federated.documents.base import Doc
 from insitu.federated.kinds import MIN_ROWS
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,9 @@ class TaskSpec(ABC):
     label_types: ClassVar[tuple[str, ...]]  # schema types the label column may have for this task
     gate_metrics: ClassVar[tuple[GateMetric, ...]]  # the first is the default primary metric
     summary_metrics: ClassVar[tuple[str, ...]]  # the per-site columns of the job summary
+    # What a site publishes about one model (site_metrics' output) as the exchange checks it: a strict document
+    # with a ``task`` key that is Literal[name]. The exchange's metrics schema is the union of the tasks' ones.
+    metrics_schema: ClassVar[type[Doc]]
 
     def __init__(self, config: TaskConfig, schema: SchemaConfig) -> None:
         label = schema.columns[schema.label]

@@ -9,12 +9,14 @@ the histograms' global curve does).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 import torch
+from pydantic import Field, model_validator
 from torch import nn
 
+from insitu.federated.documents.base import MAX_BINS, Count, Doc
 from insitu.federated.kinds import MIN_ROWS
 from insitu.metrics import binary_metrics, floor_histograms, weighted_global
 from insitu.specs.base import GateMetric, LossFn, TaskSpec, class_counts
@@ -22,11 +24,43 @@ from insitu.specs.base import GateMetric, LossFn, TaskSpec, class_counts
 BINS = 100
 
 
+class BinaryMetrics(Doc):
+    """One model's metrics on a site's test split (binary task), over at least the floor of rows.
+
+    ``hist_pos``/``hist_neg`` count the scores of each class per bin of a fixed grid; they are coarsened
+    before publication (:func:`insitu.metrics.floor_histograms`) so that no non-empty bin holds fewer rows
+    than the floor. ``task`` may be left out: documents written before there were other tasks are binary.
+    """
+
+    task: Literal["binary"] = "binary"
+    roc_auc: float
+    pr_auc: float
+    loss: float
+    count: Annotated[float, Field(ge=MIN_ROWS)]
+    positive_rate: float
+    hist_pos: Annotated[list[Count], Field(min_length=1, max_length=MAX_BINS)] | None = None
+    hist_neg: Annotated[list[Count], Field(min_length=1, max_length=MAX_BINS)] | None = None
+
+    @model_validator(mode="after")
+    def _histograms(self) -> BinaryMetrics:
+        pos, neg = self.hist_pos, self.hist_neg
+        if pos is None and neg is None:
+            return self
+        if pos is None or neg is None or len(pos) != len(neg):
+            raise ValueError("hist_pos and hist_neg come together, with the same bins")
+        if any(0 < c < MIN_ROWS for c in (*pos, *neg)):
+            raise ValueError(f"a histogram bin holds fewer than {MIN_ROWS} rows")
+        if sum(pos) + sum(neg) > self.count:
+            raise ValueError("the histograms count more rows than the metrics")
+        return self
+
+
 class BinaryClassification(TaskSpec):
     name: ClassVar[str] = "binary"
     label_types: ClassVar[tuple[str, ...]] = ("bool",)
     gate_metrics: ClassVar[tuple[GateMetric, ...]] = (GateMetric("pr_auc", True, 0.05),
                                                       GateMetric("roc_auc", True, 0.5))
+    metrics_schema: ClassVar[type[Doc]] = BinaryMetrics
     summary_metrics: ClassVar[tuple[str, ...]] = ("roc_auc", "pr_auc", "loss")
 
     @property

@@ -8,15 +8,39 @@ exact, as if computed on the pooled rows, which no weighted mean of the sites' F
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 import torch
+from pydantic import Field, model_validator
 from torch import nn
 
 from insitu.conf import SchemaConfig, TaskConfig
+from insitu.federated.documents.base import MAX_CLASSES, Count, Doc
 from insitu.federated.kinds import MIN_ROWS
 from insitu.specs.base import GateMetric, LossFn, TaskSpec, class_counts
+
+
+class MulticlassMetrics(Doc):
+    """One model's metrics on a site's split (multi-class task): counts of true × predicted class."""
+
+    task: Literal["multiclass"]
+    accuracy: float
+    macro_f1: float
+    log_loss: float
+    loss: float
+    count: Annotated[float, Field(ge=MIN_ROWS)]
+    confusion: Annotated[list[Annotated[list[Count], Field(max_length=MAX_CLASSES)]], Field(min_length=2,
+                                                                                          max_length=MAX_CLASSES)]
+
+    @model_validator(mode="after")
+    def _square(self) -> MulticlassMetrics:
+        k = len(self.confusion)
+        if any(len(row) != k for row in self.confusion):
+            raise ValueError("the confusion matrix is not square")
+        if sum(map(sum, self.confusion)) != self.count:
+            raise ValueError("the confusion matrix does not count the split's rows")
+        return self
 
 
 class MulticlassClassification(TaskSpec):
@@ -25,6 +49,7 @@ class MulticlassClassification(TaskSpec):
     gate_metrics: ClassVar[tuple[GateMetric, ...]] = (GateMetric("macro_f1", True, 0.0),
                                                       GateMetric("accuracy", True, 0.0),
                                                       GateMetric("log_loss", False, None))
+    metrics_schema: ClassVar[type[Doc]] = MulticlassMetrics
     summary_metrics: ClassVar[tuple[str, ...]] = ("accuracy", "macro_f1", "log_loss")
 
     def __init__(self, config: TaskConfig, schema: SchemaConfig) -> None:

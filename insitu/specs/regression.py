@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 from torch import nn
 
 from insitu.conf import SchemaConfig, TaskConfig
+from insitu.federated.documents.base import Doc
 from insitu.federated.kinds import MIN_ROWS
 from insitu.specs.base import GateMetric, LossFn, TaskSpec
 
@@ -35,11 +37,27 @@ from insitu.specs.base import GateMetric, LossFn, TaskSpec
 MIN_RATE = 1e-6
 
 
+class RegressionMetrics(Doc):
+    """One model's metrics on a site's split (regression task), with the sums they combine from."""
+
+    task: Literal["regression"]
+    rmse: float
+    mae: float
+    r2: float
+    loss: float
+    count: Annotated[float, Field(ge=MIN_ROWS)]
+    sse: Annotated[float, Field(ge=0.0)]
+    sae: Annotated[float, Field(ge=0.0)]
+    label_sum: float
+    label_sumsq: Annotated[float, Field(ge=0.0)]
+
+
 class Regression(TaskSpec):
     name: ClassVar[str] = "regression"
     label_types: ClassVar[tuple[str, ...]] = ("float", "int")
     gate_metrics: ClassVar[tuple[GateMetric, ...]] = (GateMetric("rmse", False, None), GateMetric("mae", False, None),
                                                       GateMetric("r2", True, 0.0))
+    metrics_schema: ClassVar[type[Doc]] = RegressionMetrics
     summary_metrics: ClassVar[tuple[str, ...]] = ("rmse", "mae", "r2")
 
     def __init__(self, config: TaskConfig, schema: SchemaConfig) -> None:

@@ -12,13 +12,12 @@ import yaml
 from sklearn.metrics import mean_absolute_error, mean_poisson_deviance, mean_squared_error, r2_score
 
 from insitu.conf import ConfigError, SchemaConfig, TaskConfig, TrainingConfig
-from insitu.federated.schemas import RegressionMetrics
 from insitu.federated.stats import combine, mean_std, partial_stats
 from insitu.job import load_job
 from insitu.models import Normalization, build_model
 from insitu.parallel.loop import train_epochs
 from insitu.specs import build_task, task_for_label
-from insitu.specs.regression import Regression, poisson_half_deviance
+from insitu.specs.regression import Regression, RegressionMetrics, poisson_half_deviance
 
 REPO = Path(__file__).resolve().parents[2]
 F = 4

@@ -7,6 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from insitu.governance.default_policy import (
+    DATASET_RULES,
+    MAX_ROUNDS,
+    REVIEWED_AGGREGATORS,
+    REVIEWED_STRATEGIES,
+    DatasetRule,
+)
 from insitu.governance.policy import (
     DEFAULT_CEDAR,
     PolicyError,
@@ -167,6 +174,33 @@ def test_cedar_is_validated_against_the_schema() -> None:
         check_cedar('permit (principal, action, resource) when { context.roundz < 5 };')
     with pytest.raises(PolicyError, match="parse"):
         check_cedar("permit (principal, action")
+
+
+@pytest.mark.parametrize("rule", DATASET_RULES, ids=lambda r: r.dataset)
+def test_each_dataset_rule_admits_the_reviewed_strategies_aggregators_and_its_models_only(
+        policy: SitePolicy, keys: Path, rule: DatasetRule) -> None:
+    others = {m for r in DATASET_RULES for m in r.models} - set(rule.models)
+    cases = [*((k, v, True) for k, names in [("strategy", REVIEWED_STRATEGIES), ("aggregator", REVIEWED_AGGREGATORS),
+                                            ("model", rule.models), ("rounds", (MAX_ROUNDS,))] for v in names),
+             ("strategy", "tp", False), ("aggregator", "krum", False), ("rounds", MAX_ROUNDS + 1, False),
+             *(("model", m, False) for m in others)]
+    request = signed(keys, dataset=rule.dataset, purpose=rule.purpose)
+    for key, value, admitted in cases:
+        d = run(policy, request, dataset=rule.dataset, context={**CTX, "model": rule.models[0], key: value})
+        assert d.allowed == admitted, (key, value, d.reason)
+        assert d.rule == (rule.rule_id if admitted else "default-deny")
+
+
+def test_the_default_policy_names_only_what_the_registries_know() -> None:
+    """A misspelt name in a Cedar set never matches, silently: each reviewed name must exist."""
+    from insitu.federated.aggregators import AGGREGATORS
+    from insitu.models import MODELS
+    from insitu.parallel.strategies import strategies
+
+    assert set(REVIEWED_AGGREGATORS) <= set(AGGREGATORS)
+    assert set(REVIEWED_STRATEGIES) <= set(strategies())
+    assert all(m in MODELS or ":" in m for r in DATASET_RULES for m in r.models)  # built in, or module:factory
+    assert all(f'"{name}"' in DEFAULT_CEDAR for name in (*REVIEWED_AGGREGATORS, *REVIEWED_STRATEGIES))
 
 
 def test_a_request_round_trips_as_a_flow_parameter(keys: Path) -> None:

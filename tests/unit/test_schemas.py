@@ -12,9 +12,10 @@ from protocol_examples import ran_as, store
 
 from insitu.data.prepare import SPLITS, ShardReport, prepare_shard, prepared_prefix, quarantine_prefix
 from insitu.data.synthetic import generate
+from insitu.federated.documents.manifests import TrainMetrics
 from insitu.federated.exchange import Exchange, ExchangeError
 from insitu.federated.rounds import RoundResult, round_name
-from insitu.federated.schemas import ARTEFACTS, TrainMetrics
+from insitu.federated.schemas import ARTEFACTS
 from insitu.gate import decide
 from insitu.job import JobSpec, load_job
 from insitu.models import build_model
