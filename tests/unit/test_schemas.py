@@ -21,13 +21,12 @@ from insitu.models import build_model
 from insitu.parallel.loop import train_epochs
 from insitu.summary import collect_identities, job_summary
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 JOB = "job-7"
 
 
 @pytest.fixture(scope="module")
-def conf() -> Conf:
-    return load_conf("fraud", directory=CONF_DIR)
+def conf(conf_dir: Path) -> Conf:
+    return load_conf("fraud", directory=conf_dir)
 
 
 def _ex(tmp_path: Path, writer: str) -> Exchange:
