@@ -5,9 +5,7 @@ platform, which serves it."""
 
 from __future__ import annotations
 
-import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,16 +14,11 @@ import yaml
 FIXTURE_CONF = Path(__file__).resolve().parents[1] / "fixtures" / "conf"
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _fixture_conf_by_default() -> Iterator[None]:
-    """Code that falls back to ``$INSITU_CONF`` (else ``./conf``) finds the fixture, never the shipped one."""
-    before = os.environ.get("INSITU_CONF")
-    os.environ["INSITU_CONF"] = str(FIXTURE_CONF)
-    yield
-    if before is None:
-        del os.environ["INSITU_CONF"]
-    else:
-        os.environ["INSITU_CONF"] = before
+@pytest.fixture(autouse=True)
+def _fixture_conf_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Code that falls back to ``$INSITU_CONF`` (else ``./conf``) finds the fixture, never the shipped one (per
+    test: the end-to-end tests of the same session keep the shipped one)."""
+    monkeypatch.setenv("INSITU_CONF", str(FIXTURE_CONF))
 
 
 @pytest.fixture(scope="session")
