@@ -10,20 +10,27 @@ the last version is registered.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import s3fs
-import yaml
 from mlflow.tracking import MlflowClient
-from prefect.client.orchestration import get_client
+from platform_helpers import (
+    coordinator_exchange,
+    e2e_name,
+    job_events,
+    job_summary,
+    parent_run,
+    shipped_training,
+    start_retrain,
+    wait_for_flow_run,
+    write_training,
+)
 
 from deployments.platform import Platform
-from insitu.governance.audit import read_events, verify
+from insitu.governance.audit import verify
 
 # Two whole jobs in one fixture (about 13 minutes on a loaded 2-core VM): more than the default 900 s.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
@@ -33,7 +40,7 @@ DELAY_S = 8.0  # each sync round waits at least this long; async need not: a wid
 
 
 def _config(directory: Path, conf_dir: Path, mode: str) -> str:
-    cfg = yaml.safe_load((conf_dir / "training" / "fraud.yaml").read_text())
+    cfg = shipped_training(conf_dir, "fraud")
     # One process per site and one local epoch: a site's update costs about a second or two here, so the
     # slow site's delay dominates a synchronous round.
     cfg.update(rounds=VERSIONS, local_epochs=1, strategy="single", ranks_per_site=1,
@@ -48,28 +55,12 @@ def _config(directory: Path, conf_dir: Path, mode: str) -> str:
                          # machine the fast sites were at times too slow for that.
                          "asynchronous": {"algorithm": "fedasync", "alpha": 0.6, "max_staleness": 0,
                                           "staleness": {"function": "polynomial", "a": 0.5}}}
-    path = directory / f"e2e-fraud_{mode}-{uuid.uuid4().hex[:6]}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path.stem
+    return write_training(directory, e2e_name(f"fraud_{mode}"), cfg).stem
 
 
 def _run(training: str, job_id: str, signer: Any, timeout: float = 900) -> Any:
-    with get_client(sync_client=True) as c:
-        dep = c.read_deployment_by_name("retrain/coordinator")
-        fr = c.create_flow_run_from_deployment(dep.id, parameters={"params": {
-            "training": training, "dataset": "fraud", "job_id": job_id, "request": signer(training, job_id)}})
-        deadline = time.monotonic() + timeout
-        while not (fr := c.read_flow_run(fr.id)).state.is_final():
-            assert time.monotonic() < deadline, f"{job_id} not final after {timeout:.0f}s"
-            time.sleep(2)
-    return fr
-
-
-def _parent(client: MlflowClient, job_id: str) -> Any:
-    exp = client.get_experiment_by_name("insitu-fraud")
-    (run,) = [r for r in client.search_runs([exp.experiment_id], f"tags.job_id = '{job_id}'")
-              if "mlflow.parentRunId" not in r.data.tags]
-    return run
+    return wait_for_flow_run(start_retrain({"training": training, "dataset": "fraud", "job_id": job_id,
+                                            "request": signer(training, job_id)}), timeout, poll_s=2)
 
 
 @pytest.fixture(scope="module")
@@ -89,21 +80,16 @@ def jobs(deployed: Platform, signer: Any) -> Iterator[dict[str, dict[str, Any]]]
             path.unlink(missing_ok=True)
 
 
-def _exchange(p: Platform) -> s3fs.S3FileSystem:
-    return s3fs.S3FileSystem(**p.storage_options("exchange", "coordinator"))
-
-
 def test_both_jobs_complete_with_the_same_number_of_versions(deployed: Platform, jobs: dict[str, Any]) -> None:
-    fs = _exchange(deployed)
     for mode, job in jobs.items():
         assert job["flow_run"].state.is_completed(), (mode, job["flow_run"].state.message)
-        summary = json.loads(fs.cat(f"insitu-exchange/jobs/{job['job_id']}/summary/coordinator/summary.json"))
+        summary = job_summary(deployed, job["job_id"])
         assert summary["rounds"] == VERSIONS and summary["selected_round"] == VERSIONS, (mode, summary)
 
 
 def test_async_makes_its_versions_sooner_than_sync(deployed: Platform, jobs: dict[str, Any]) -> None:
     client = MlflowClient(deployed.mlflow_url)
-    wall = {m: _parent(client, j["job_id"]).data.metrics["updates_wall_s"] for m, j in jobs.items()}
+    wall = {m: parent_run(client, j["job_id"]).data.metrics["updates_wall_s"] for m, j in jobs.items()}
     # Sync waits for the slow site in each of its rounds: at least VERSIONS delays.
     assert wall["sync"] > VERSIONS * DELAY_S, wall
     assert wall["async"] < wall["sync"], wall
@@ -111,14 +97,13 @@ def test_async_makes_its_versions_sooner_than_sync(deployed: Platform, jobs: dic
 
 def test_a_too_stale_update_is_refused_audited_and_the_site_told(deployed: Platform, jobs: dict[str, Any]) -> None:
     job_id = jobs["async"]["job_id"]
-    refused = [e["fields"] for e in read_events(deployed.audit_log("coordinator"))
-               if e["event"] == "update.refused" and e["fields"].get("job_id") == job_id]
+    refused = [e["fields"] for e in job_events(deployed, "coordinator", job_id, "update.refused")]
     # Whose is up to the timing: each race between two sites training from the same version loses one.
     assert refused, "no update was refused"
     for r in refused:
         assert r["staleness"] >= 1 and "exceeds max_staleness 0" in r["reason"], r
     site = refused[-1]["site"]
-    notice = json.loads(_exchange(deployed).cat(
+    notice = json.loads(coordinator_exchange(deployed).fs.cat(
         f"insitu-exchange/jobs/{job_id}/control/coordinator/refresh-{site}.json"))
     # the notice is the site's latest refusal
     assert notice["recipient"] == site and notice["seq"] == max(r["seq"] for r in refused if r["site"] == site)
@@ -128,7 +113,7 @@ def test_a_too_stale_update_is_refused_audited_and_the_site_told(deployed: Platf
 
 def test_mlflow_holds_a_series_per_applied_version(deployed: Platform, jobs: dict[str, Any]) -> None:
     client = MlflowClient(deployed.mlflow_url)
-    parent = _parent(client, jobs["async"]["job_id"])
+    parent = parent_run(client, jobs["async"]["job_id"])
     assert parent.data.params["federation_mode"] == "async"
     for metric in ("async_staleness", "async_alpha", "async_update_bytes", "async_refused_total"):
         steps = [int(m.step) for m in client.get_metric_history(parent.info.run_id, metric)]

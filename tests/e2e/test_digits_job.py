@@ -5,36 +5,32 @@ and a registered, gated model whose metrics are the task's."""
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import s3fs
-import yaml
 from mlflow.tracking import MlflowClient
-from prefect.client.orchestration import get_client
+from platform_helpers import (
+    EXCHANGE,
+    coordinator_exchange,
+    e2e_name,
+    job_events,
+    job_summary,
+    shipped_training,
+    start_retrain,
+    wait_for_flow_run,
+    write_training,
+)
 
 from deployments.cli import site_store as data
 from deployments.platform import Platform
 from insitu.conf import load_datasets
 from insitu.data.digits import digits_frames
-from insitu.governance.audit import read_events
 
 pytestmark = pytest.mark.e2e
 ROUNDS = 3
-
-
-def _wait(flow_run_id: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    with get_client(sync_client=True) as c:
-        while True:
-            fr = c.read_flow_run(flow_run_id)
-            if (fr.state and fr.state.is_final()) or time.monotonic() > deadline:
-                return fr
-            time.sleep(2)
 
 
 @pytest.fixture(scope="module")
@@ -51,22 +47,18 @@ def digits_job(deployed: Platform, signer: Any, tmp_path_factory: pytest.TempPat
             frame.to_parquet(local, index=False)
         data.put(deployed, site, local, shard.path)
     # 2. a training config with the user's own model class (examples/models.py), beside the shipped one
-    training = f"e2e-digits-own-{uuid.uuid4().hex[:6]}"
-    cfg = yaml.safe_load((deployed.conf_dir / "training" / "digits.yaml").read_text())
+    training = e2e_name("digits-own")
+    cfg = shipped_training(deployed.conf_dir, "digits")
     cfg.update({"rounds": ROUNDS, "model": {"name": "examples.models:residual_mlp",
                                             "options": {"width": 48, "blocks": 2}},
                 "registry": {"model_name": f"insitu-{training}"}})
-    path = deployed.conf_dir / "training" / f"{training}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path = write_training(deployed.conf_dir / "training", training, cfg)
     try:
         # 3. a signed request, as `insitu run --as alice --dataset digits --training … --purpose …` makes it
         job_id = f"e2e-digits-{uuid.uuid4().hex[:6]}"
         request = signer(training=training, job_id=job_id, dataset="digits", purpose="digit-recognition")
-        with get_client(sync_client=True) as c:
-            dep = c.read_deployment_by_name("retrain/coordinator")
-            fr = c.create_flow_run_from_deployment(dep.id, parameters={"params": {
-                "training": training, "dataset": "digits", "job_id": job_id, "request": request}})
-        fr = _wait(fr.id, 1500)
+        fr = wait_for_flow_run(start_retrain({"training": training, "dataset": "digits", "job_id": job_id,
+                                              "request": request}), 1500, poll_s=2)
     finally:
         path.unlink()
     return {"flow_run": fr, "job_id": job_id, "model_name": f"insitu-{training}"}
@@ -116,16 +108,15 @@ def test_the_registered_model_is_the_users_class_and_predicts_digits(deployed: P
 
 
 def test_the_summary_and_the_audit_speak_of_the_task(deployed: Platform, digits_job: dict[str, Any]) -> None:
-    fs = s3fs.S3FileSystem(**deployed.storage_options("exchange", "coordinator"))
-    summary = json.loads(fs.cat(f"insitu-exchange/jobs/{digits_job['job_id']}/summary/coordinator/summary.json"))
+    fs = coordinator_exchange(deployed).fs
+    summary = job_summary(deployed, digits_job["job_id"])
     assert summary["task"] == "multiclass" and summary["metric_names"] == ["accuracy", "macro_f1", "log_loss"]
     assert summary["global_metrics"]["macro_f1"] > 0.7
     # the sites published confusion matrices (counts), never a row: the test rows add up, per site
     for site in ("eu", "us", "apac"):
-        ev = json.loads(fs.cat(f"insitu-exchange/jobs/{digits_job['job_id']}/metrics/{site}/evaluate.json"))
+        ev = json.loads(fs.cat(f"{EXCHANGE}/jobs/{digits_job['job_id']}/metrics/{site}/evaluate.json"))
         (model,) = [m for name, m in ev["models"].items() if name.startswith("round-")]
         assert model["task"] == "multiclass" and int(np.sum(model["confusion"])) == int(model["count"])
-    decisions = [e for e in read_events(deployed.audit_log("eu"))
-                 if e["event"] == "policy.decision" and e["fields"].get("job_id") == digits_job["job_id"]]
+    decisions = job_events(deployed, "eu", digits_job["job_id"], "policy.decision")
     assert decisions and all(d["fields"]["allowed"] for d in decisions), decisions
     assert {d["fields"]["rule"] for d in decisions} == {"data-scientists-digits"}

@@ -8,59 +8,37 @@ configuration is refused with a message that says what to do.
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from mlflow.tracking import MlflowClient
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, LogFilter, LogFilterFlowRunId
-from prefect.states import Cancelling
+from platform_helpers import (
+    cancel_job,
+    coordinator_exchange,
+    e2e_name,
+    flow_run_logs,
+    flow_runs_named,
+    shipped_training,
+    start_retrain,
+    wait_for_file,
+    wait_for_flow_run,
+    write_training,
+)
 
 from deployments.platform import Platform
-from insitu.storage import Store
 
 pytestmark = pytest.mark.e2e
 MODEL = "insitu-fraud-resume"  # its own registry entry: the main e2e job's gate must not see this job's model
 
 
 def _training_config(directory: Path, conf_dir: Path) -> Path:
-    cfg = yaml.safe_load((conf_dir / "training" / "fraud.yaml").read_text())
+    cfg = shipped_training(conf_dir, "fraud")
     # One process per site (cancelling kills it with its flow run); rounds long enough to cancel in round 1.
     cfg.update(rounds=2, local_epochs=20, batch_size=32, strategy="single", ranks_per_site=1,
                registry={"model_name": MODEL})
-    path = directory / f"e2e-fraud_resume-{uuid.uuid4().hex[:6]}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def _exchange(p: Platform) -> Store:
-    return Store("s3://insitu-exchange/", p.storage_options("exchange", "coordinator"))
-
-
-def _start(params: dict[str, Any]) -> Any:
-    with get_client(sync_client=True) as c:
-        dep = c.read_deployment_by_name("retrain/coordinator")
-        return c.create_flow_run_from_deployment(dep.id, parameters={"params": params}).id
-
-
-def _wait(flow_run_id: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    with get_client(sync_client=True) as c:
-        while not (fr := c.read_flow_run(flow_run_id)).state.is_final():
-            assert time.monotonic() < deadline, f"flow run {flow_run_id} not final after {timeout:.0f}s"
-            time.sleep(1)
-    return fr
-
-
-def _logs(flow_run_name: str) -> list[str]:
-    with get_client(sync_client=True) as c:
-        runs = c.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name])))
-        return [log.message for log in c.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(
-            any_=[r.id for r in runs])))]
+    return write_training(directory, e2e_name("fraud_resume"), cfg)
 
 
 def test_rerun_with_the_same_job_id_resumes_after_the_last_finished_round(
@@ -71,24 +49,13 @@ def test_rerun_with_the_same_job_id_resumes_after_the_last_finished_round(
     training = _training_config(shared_conf, deployed.conf_dir).stem
     params = {"training": training, "dataset": "fraud", "job_id": job_id,
               "request": signer(training, job_id)}
-    ex = _exchange(deployed)
+    ex = coordinator_exchange(deployed)
     job = f"insitu-exchange/jobs/{job_id}"
 
     # ---- first attempt: cancelled (with its site runs) once round 0 is aggregated
-    first = _start(params)
-    deadline = time.monotonic() + 600
-    while not ex.fs.exists(f"{job}/weights/coordinator/round-0001.manifest.json"):
-        assert time.monotonic() < deadline, "round 0 was never aggregated"
-        ex.fs.invalidate_cache()
-        time.sleep(0.2)
-    with get_client(sync_client=True) as c:
-        runs = c.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=job_id)))
-        for r in [c.read_flow_run(first), *runs]:
-            if not r.state.is_final():
-                c.set_flow_run_state(r.id, Cancelling(), force=True)
-    assert _wait(first, 300).state.is_cancelled()
-    for r in runs:  # no old site run may still be alive when the re-run starts
-        _wait(r.id, 300)
+    first = start_retrain(params)
+    wait_for_file(ex, f"{job}/weights/coordinator/round-0001.manifest.json", 600, "round 0 was never aggregated")
+    assert cancel_job(first, job_id).state.is_cancelled()  # with its site runs, each one final
     ex.fs.invalidate_cache()
     # the premise: the job stopped inside round 1, so the re-run has a round left to train
     assert not ex.fs.exists(f"{job}/weights/coordinator/round-0002.manifest.json"), "round 1 finished before the cancel"
@@ -97,22 +64,22 @@ def test_rerun_with_the_same_job_id_resumes_after_the_last_finished_round(
     assert not ex.fs.exists(f"{job}/summary/coordinator/summary.json")
 
     # ---- a different configuration under the same job id is refused, and says what to do
-    other = _wait(_start({**params, "rounds": 3, "request": signer(training, job_id, overrides={"rounds": 3})}), 300)
+    other = wait_for_flow_run(start_retrain({**params, "rounds": 3,
+                                             "request": signer(training, job_id, overrides={"rounds": 3})}), 300)
     assert other.state.is_failed()
     assert "Re-run it with the same training config" in other.state.message, other.state.message
 
     # ---- the re-run resumes: round 0 reused, round 1 trained, one model version registered
-    second = _wait(_start(params), 900)
+    second = wait_for_flow_run(start_retrain(params), 900)
     assert second.state.is_completed(), second.state.message
     ex.fs.invalidate_cache()
     for path, before in round0.items():
         assert ex.fs.cat(path) == before, f"{path} was rewritten: round 0 was not reused"
     assert ex.fs.exists(f"{job}/weights/coordinator/round-0002.manifest.json")
     for s in ("eu", "us", "apac"):
-        assert any("round 0 already published by this site" in m for m in _logs(f"site-train-{s}-{job_id}")), s
-    with get_client(sync_client=True) as c:
-        prepares = c.read_flow_runs(
-            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=f"site-prepare-eu-{job_id}")))
+        logs = flow_run_logs([r.id for r in flow_runs_named(f"site-train-{s}-{job_id}", exact=True)])
+        assert any("round 0 already published by this site" in m for m in logs), s
+    prepares = flow_runs_named(f"site-prepare-eu-{job_id}")
     assert len(prepares) == 1, "the re-run must reuse the job's prepared data, not prepare again"
 
     client = MlflowClient(deployed.mlflow_url)

@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
-import s3fs
 import torch
 from mlflow.tracking import MlflowClient
+from platform_helpers import (
+    EXCHANGE,
+    RETRAIN,
+    coordinator_exchange,
+    flow_run_logs,
+    flow_runs_named,
+    job_events,
+    job_summary,
+    run_flow,
+    site_store,
+    start_flow_run,
+    wait_for_flow_run,
+)
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, LogFilter, LogFilterFlowRunId
 
 from deployments.platform import Platform
 from insitu.governance.audit import read_events, verify
@@ -23,36 +33,18 @@ pytestmark = pytest.mark.e2e
 ROW_ID = re.compile(rb"(eu|us|apac)-\d{3}-\d{8}")
 
 
-def _fs(p: Platform, owner: str) -> s3fs.S3FileSystem:
-    # The exchange is read with the coordinator's keys, a site's store with that site's own.
-    return s3fs.S3FileSystem(**p.storage_options(owner, "coordinator" if owner == "exchange" else owner))
-
-
 @pytest.fixture(scope="module")
 def job(deployed: Platform) -> dict[str, Any]:
     """A run created from the deployment with its default parameters (those of the demo's weekly schedule)."""
-    with get_client(sync_client=True) as c:
-        dep = c.read_deployment_by_name("retrain/coordinator")
-        created = c.create_flow_run_from_deployment(dep.id)  # no parameters: the deployment's defaults
-    fr = _wait(created.id, 1500)
-    jobs = [p.rsplit("/", 1)[-1] for p in _fs(deployed, "exchange").ls("insitu-exchange/jobs")]
+    fr = wait_for_flow_run(start_flow_run(RETRAIN), 1500, poll_s=2)  # no parameters: the deployment's defaults
+    jobs = [p.rsplit("/", 1)[-1] for p in coordinator_exchange(deployed).fs.ls(f"{EXCHANGE}/jobs")]
     (job_id,) = [j for j in jobs if not j.startswith(("e2e-", "ui-"))]
     return {"flow_run": fr, "job_id": job_id, "rounds": 5}
 
 
-def _wait(flow_run_id: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    with get_client(sync_client=True) as c:
-        while True:
-            fr = c.read_flow_run(flow_run_id)
-            if (fr.state and fr.state.is_final()) or time.monotonic() > deadline:
-                return fr
-            time.sleep(2)
-
-
 def test_the_schedule_of_datasets_yaml_is_deployed_with_its_parameters(deployed: Platform) -> None:
     with get_client(sync_client=True) as c:
-        dep = c.read_deployment_by_name("retrain/coordinator")
+        dep = c.read_deployment_by_name(RETRAIN)
     (sched,) = dep.schedules  # conf/datasets.yaml: fraud, weekly
     assert sched.active and sched.schedule.cron == "0 3 * * 1" and sched.schedule.timezone == "Europe/Berlin"
     assert sched.parameters == {"params": {"dataset": "fraud", "training": "fraud"}}
@@ -65,20 +57,17 @@ def test_retrain_completes(job: dict[str, Any]) -> None:
 
 
 def test_site_runs_ran_on_their_own_site_workers(deployed: Platform, job: dict[str, Any]) -> None:
-    with get_client(sync_client=True) as c:
-        runs = c.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=job["job_id"])))
-        by_name = {r.name: r for r in runs}
-        for flow in ("site-prepare", "site-train", "site-evaluate"):
-            for site in ("eu", "us", "apac"):
-                r = by_name[f"{flow}-{site}-{job['job_id']}"]
-                assert r.state.is_completed(), (r.name, r.state.message)
-                assert r.work_pool_name == f"insitu-{site}"
-                logs = [log.message for log in c.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(
-                    any_=[r.id])))]
-                assert any(f"Worker 'insitu-{site}-worker' submitting" in m for m in logs), logs[:5]
-                # the site's own identity, and its own policy's decision on the request the job carried
-                assert any(f"site={site} pool=insitu-{site}" in m and f"site '{site}' admits" in m
-                           and "for 'alice'" in m for m in logs), logs
+    by_name = {r.name: r for r in flow_runs_named(job["job_id"])}
+    for flow in ("site-prepare", "site-train", "site-evaluate"):
+        for site in ("eu", "us", "apac"):
+            r = by_name[f"{flow}-{site}-{job['job_id']}"]
+            assert r.state.is_completed(), (r.name, r.state.message)
+            assert r.work_pool_name == f"insitu-{site}"
+            logs = flow_run_logs([r.id])
+            assert any(f"Worker 'insitu-{site}-worker' submitting" in m for m in logs), logs[:5]
+            # the site's own identity, and its own policy's decision on the request the job carried
+            assert any(f"site={site} pool=insitu-{site}" in m and f"site '{site}' admits" in m
+                       and "for 'alice'" in m for m in logs), logs
 
 
 def test_model_registered_with_challenger_alias_and_metrics(deployed: Platform, job: dict[str, Any]) -> None:
@@ -100,8 +89,7 @@ def test_model_registered_with_challenger_alias_and_metrics(deployed: Platform, 
     # A site with too few test rows of a class publishes no histogram; the run says which (the e2e data is small).
     left_out = set(filter(None, run.data.tags.get("pr_curve_withheld", "").split(",")))
     assert left_out <= {"eu", "us", "apac"}
-    summary = json.loads(_fs(deployed, "exchange").cat(
-        f"insitu-exchange/jobs/{job['job_id']}/summary/coordinator/summary.json"))
+    summary = job_summary(deployed, job["job_id"])
     assert set(summary["withheld"].get("PR curve", [])) == left_out  # the summary names them too
     assert run.data.params["strategy"] == "ddp" and run.data.params["ranks_per_site"] == "2"
     assert any(k.startswith("system/") for k in run.data.metrics), sorted(run.data.metrics)
@@ -124,19 +112,17 @@ def test_the_best_round_by_validation_is_registered(deployed: Platform, job: dic
     series = {int(m.step): m.value for m in client.get_metric_history(run.info.run_id, "global_val_pr_auc")}
     assert sorted(series) == list(range(job["rounds"] + 1))
     best = max(series, key=lambda r: (series[r], -r))  # the earlier of equals
-    summary = json.loads(_fs(deployed, "exchange").cat(
-        f"insitu-exchange/jobs/{job['job_id']}/summary/coordinator/summary.json"))
+    summary = job_summary(deployed, job["job_id"])
     assert summary["selected_round"] == best == int(mv.tags["selected_round"]) == int(run.data.tags["selected_round"])
     assert [v["round"] for v in summary["validation"]] == list(range(job["rounds"] + 1))
     assert "best round by validation pr_auc" in mv.tags["selection"]
-    (selected,) = [e for e in read_events(deployed.audit_log("coordinator"))
-                   if e["event"] == "job.selected" and e["fields"]["job_id"] == job["job_id"]]
+    (selected,) = job_events(deployed, "coordinator", job["job_id"], "job.selected")
     assert selected["fields"]["round"] == best and selected["fields"]["stopped_early"] is False
     # the registered weights are that round's global model
     from insitu.federated.exchange import state_from_bytes
 
-    raw = _fs(deployed, "exchange").cat(
-        f"insitu-exchange/jobs/{job['job_id']}/weights/coordinator/round-{best:04d}.pt")
+    raw = coordinator_exchange(deployed).fs.cat(
+        f"{EXCHANGE}/jobs/{job['job_id']}/weights/coordinator/round-{best:04d}.pt")
     with_tags = client.download_artifacts(mv.run_id, "weights/state.pt")
     registered = state_from_bytes(Path(with_tags).read_bytes())
     exchanged = state_from_bytes(raw)
@@ -146,18 +132,13 @@ def test_the_best_round_by_validation_is_registered(deployed: Platform, job: dic
 def test_a_site_scores_one_model_per_job(deployed: Platform, job: dict[str, Any], signer: Any) -> None:
     """A coordinator may not use a site's test rows as an oracle: after the job's evaluation, asking eu to
     score another round of the same job is refused with its rule, and audited."""
-    summary = json.loads(_fs(deployed, "exchange").cat(
-        f"insitu-exchange/jobs/{job['job_id']}/summary/coordinator/summary.json"))
+    summary = job_summary(deployed, job["job_id"])
     other = (summary["selected_round"] + 1) % (job["rounds"] + 1)
-    with get_client(sync_client=True) as c:
-        dep = c.read_deployment_by_name("site-evaluate/eu")
-        fr = c.create_flow_run_from_deployment(dep.id, parameters={
-            "job_id": job["job_id"], "weights": [f"round-{other:04d}"], "request": signer(job_id=job["job_id"])})
-        fr = _wait(fr.id, 300)
+    fr = run_flow("site-evaluate/eu", {"job_id": job["job_id"], "weights": [f"round-{other:04d}"],
+                                       "request": signer(job_id=job["job_id"])}, 300, poll_s=2)
     assert fr.state.is_failed() and "rule evaluate.one-selected-round" in fr.state.message, fr.state.message
     assert f"bound to round-{summary['selected_round']:04d}" in fr.state.message
-    refused = [e for e in read_events(deployed.audit_log("eu"))
-               if e["event"] == "evaluate.refused" and e["fields"].get("job_id") == job["job_id"]]
+    refused = job_events(deployed, "eu", job["job_id"], "evaluate.refused")
     assert refused and refused[-1]["fields"]["rule"] == "evaluate.one-selected-round"
 
 
@@ -167,8 +148,7 @@ def test_audit_logs_verify_and_record_every_read(deployed: Platform, job: dict[s
         assert r.ok, (actor, r.reason)
     for site, shards in {"eu": ["eu-000", "eu-001"], "us": ["us-000", "us-001"],
                          "apac": ["apac-000", "apac-001", "apac-002"]}.items():
-        reads = [e for e in read_events(deployed.audit_log(site))
-                 if e["event"] == "data.read" and e["fields"].get("job_id") == job["job_id"]]
+        reads = job_events(deployed, site, job["job_id"], "data.read")
         assert {e["fields"].get("shard") for e in reads} >= set(shards)
         assert all(e["fields"]["flow_run_id"] for e in reads)
     events = [e["event"] for e in read_events(deployed.audit_log("coordinator"))]
@@ -176,8 +156,8 @@ def test_audit_logs_verify_and_record_every_read(deployed: Platform, job: dict[s
 
 
 def test_exchange_holds_no_row_level_data(deployed: Platform, job: dict[str, Any]) -> None:
-    fs = _fs(deployed, "exchange")
-    files = fs.find(f"insitu-exchange/jobs/{job['job_id']}/")
+    fs = coordinator_exchange(deployed).fs
+    files = fs.find(f"{EXCHANGE}/jobs/{job['job_id']}/")
     assert files
     kinds = set()
     for f in files:
@@ -187,7 +167,7 @@ def test_exchange_holds_no_row_level_data(deployed: Platform, job: dict[str, Any
         assert not ROW_ID.search(data), f"row id found in {f}"
         kinds.add(f.split("/")[3])
     assert kinds <= {"plan", "stats", "weights", "update", "metrics", "summary", "control"}
-    summary = json.loads(fs.cat(f"insitu-exchange/jobs/{job['job_id']}/summary/coordinator/summary.json"))
+    summary = job_summary(deployed, job["job_id"])
     # Byte accounting: the reported bytes are exactly what lies on the exchange for this job.
     assert summary["bytes_crossed"] == sum(fs.size(f) for f in files if "/summary/" not in f)
     assert set(summary["bytes_crossed_by_writer"]) == {"coordinator", "eu", "us", "apac"}
@@ -202,13 +182,13 @@ def test_exchange_holds_no_row_level_data(deployed: Platform, job: dict[str, Any
 def test_quarantine_holds_bad_rows_with_reasons(deployed: Platform, job: dict[str, Any]) -> None:
     seeded = deployed.state["seeded"]
     for site in ("eu", "us", "apac"):
-        fs = _fs(deployed, site)
+        fs = site_store(deployed, site).fs
         q = f"insitu-{site}/quarantine/fraud/{job['job_id']}"
         bad = pd.read_parquet(f"s3://{q}/{site}-000.parquet", storage_options={
             "key": fs.key, "secret": fs.secret, "client_kwargs": {"endpoint_url": deployed.s3_endpoint(site)}})
         assert len(bad) == seeded[f"{site}-000"]["malformed"]
         assert bad["_quarantine_reason"].str.len().gt(0).all()
-    fs = _fs(deployed, "apac")
+    fs = site_store(deployed, "apac").fs
     q = f"insitu-apac/quarantine/fraud/{job['job_id']}"
     assert fs.exists(f"{q}/apac-002.unreadable")
     reason = json.loads(fs.cat(f"{q}/apac-002.reason.json"))
@@ -217,7 +197,7 @@ def test_quarantine_holds_bad_rows_with_reasons(deployed: Platform, job: dict[st
 
 def test_retrain_deployment_exposes_a_validated_parameter_form(deployed: Platform) -> None:
     with get_client(sync_client=True) as c:
-        dep = c.read_deployment_by_name("retrain/coordinator")
+        dep = c.read_deployment_by_name(RETRAIN)
         schema = dep.parameter_openapi_schema
         props = schema["definitions"]["RetrainParams"]["properties"]
         assert {"training", "dataset", "job_id", "rounds", "local_epochs", "batch_size"} <= set(props)
@@ -233,9 +213,8 @@ def test_a_one_row_test_split_publishes_no_metric(deployed: Platform, job: dict[
 
     from insitu.data.loader import split_files
     from insitu.federated.rounds import round_name
-    from insitu.storage import Store
 
-    store = Store("s3://insitu-eu/", deployed.storage_options("eu", "eu"))
+    store = site_store(deployed, "eu")
     files = split_files(store, "fraud", job["job_id"], "test")
     saved = {f: store.fs.cat(f) for f in files}
     first = pd.read_parquet(io.BytesIO(saved[files[0]]))
@@ -244,17 +223,13 @@ def test_a_one_row_test_split_publishes_no_metric(deployed: Platform, job: dict[
             buf = io.BytesIO()
             (first.head(1) if i == 0 else first.head(0)).to_parquet(buf)
             store.fs.pipe(f, buf.getvalue())
-        summary = json.loads(_fs(deployed, "exchange").cat(
-            f"insitu-exchange/jobs/{job['job_id']}/summary/coordinator/summary.json"))
+        summary = job_summary(deployed, job["job_id"])
         final = round_name(summary["selected_round"])  # the one model eu scores for this job
-        with get_client(sync_client=True) as c:
-            dep = c.read_deployment_by_name("site-evaluate/eu")
-            fr = c.create_flow_run_from_deployment(dep.id, parameters={
-                "job_id": job["job_id"], "weights": [final], "request": signer(job_id=job["job_id"])})
-            fr = _wait(fr.id, 300)
+        fr = run_flow("site-evaluate/eu", {"job_id": job["job_id"], "weights": [final],
+                                           "request": signer(job_id=job["job_id"])}, 300, poll_s=2)
         assert fr.state.is_completed(), fr.state.message
-        published = json.loads(_fs(deployed, "exchange").cat(
-            f"insitu-exchange/jobs/{job['job_id']}/metrics/eu/evaluate.json"))
+        published = json.loads(coordinator_exchange(deployed).fs.cat(
+            f"{EXCHANGE}/jobs/{job['job_id']}/metrics/eu/evaluate.json"))
         assert published["models"][final] == {"withheld": "fewer than 20 rows"}, published["models"][final]
     finally:
         for f, data in saved.items():

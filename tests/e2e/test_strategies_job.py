@@ -4,23 +4,20 @@ once on the shared platform; each registers a model that predicts from raw seque
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
 import mlflow.pytorch
 import pytest
 import torch
-import yaml
 from mlflow.tracking import MlflowClient
-from prefect.client.orchestration import get_client
+from platform_helpers import job_events, shipped_training, start_retrain, wait_for_flow_runs, write_training
 
 from deployments.platform import Platform
 from insitu.conf import load_conf
 from insitu.data.features import featurize
 from insitu.data.seed import seed
 from insitu.data.sequences import generate
-from insitu.governance.audit import read_events
 
 # Three jobs at once on 2 cores, the platform started by the first test of the session: more than the default 900 s
 # when the machine is shared.
@@ -35,40 +32,27 @@ LAYOUTS: dict[str, tuple[int, int, dict[str, Any]]] = {
 }
 
 
-def _wait(flow_run_ids: list[Any], timeout: float) -> list[Any]:
-    deadline = time.monotonic() + timeout
-    with get_client(sync_client=True) as c:
-        while True:
-            runs = [c.read_flow_run(i) for i in flow_run_ids]
-            if all(fr.state and fr.state.is_final() for fr in runs) or time.monotonic() > deadline:
-                return runs
-            time.sleep(3)
-
-
 @pytest.fixture(scope="module")
 def jobs(deployed: Platform, signer: Any) -> dict[str, dict[str, Any]]:
     seed(load_conf("card_sequences", "card_sequences", deployed.conf_dir), rows_per_site=900, seed=11)
-    base = yaml.safe_load((deployed.conf_dir / "training" / "card_sequences.yaml").read_text())
+    base = shipped_training(deployed.conf_dir, "card_sequences")
     tag = uuid.uuid4().hex[:6]
     made: dict[str, dict[str, Any]] = {}
     paths = []
     try:
-        with get_client(sync_client=True) as c:
-            dep = c.read_deployment_by_name("retrain/coordinator")
-            for strategy, (ranks, _, extra) in LAYOUTS.items():
-                training = f"e2e-seq-{strategy}-{tag}"
-                cfg = {**base, "rounds": ROUNDS, "strategy": strategy, "ranks_per_site": ranks,
-                       "registry": {"model_name": f"insitu-{training}"}}
-                cfg["parallel"] = {**base["parallel"], **extra.get("parallel", {})}
-                path = deployed.conf_dir / "training" / f"{training}.yaml"
-                path.write_text(yaml.safe_dump(cfg))
-                paths.append(path)
-                job_id = f"e2e-seq-{strategy}-{tag}"
-                request = signer(training=training, job_id=job_id, dataset="card_sequences")
-                fr = c.create_flow_run_from_deployment(dep.id, parameters={"params": {
-                    "training": training, "dataset": "card_sequences", "job_id": job_id, "request": request}})
-                made[strategy] = {"flow_run_id": fr.id, "job_id": job_id, "model_name": f"insitu-{training}"}
-        runs = _wait([m["flow_run_id"] for m in made.values()], 1800)
+        for strategy, (ranks, _, extra) in LAYOUTS.items():
+            training = f"e2e-seq-{strategy}-{tag}"
+            cfg = {**base, "rounds": ROUNDS, "strategy": strategy, "ranks_per_site": ranks,
+                   "registry": {"model_name": f"insitu-{training}"}}
+            cfg["parallel"] = {**base["parallel"], **extra.get("parallel", {})}
+            paths.append(write_training(deployed.conf_dir / "training", training, cfg))
+            job_id = f"e2e-seq-{strategy}-{tag}"
+            request = signer(training=training, job_id=job_id, dataset="card_sequences")
+            flow_run_id = start_retrain({"training": training, "dataset": "card_sequences", "job_id": job_id,
+                                         "request": request})
+            made[strategy] = {"flow_run_id": flow_run_id, "job_id": job_id, "model_name": f"insitu-{training}"}
+        # each job judged by its own test: one that hangs does not hide how the others ended
+        runs = wait_for_flow_runs([m["flow_run_id"] for m in made.values()], 1800, poll_s=3)
     finally:
         for p in paths:
             p.unlink()
@@ -86,9 +70,8 @@ def test_a_retrain_job_trains_with_the_strategy_and_registers_the_model(
     ranks, replicas, _ = LAYOUTS[strategy]
     # Each site ran the strategy on its own workers, every round (its audit log says so, with the ranks).
     for site in ("eu", "us", "apac"):
-        trained = [e["fields"] for e in read_events(deployed.audit_log(site))
-                   if e["event"] == "data.read" and e["fields"].get("job_id") == job["job_id"]
-                   and e["fields"].get("what") == "prepared/train"]
+        trained = [e["fields"] for e in job_events(deployed, site, job["job_id"], "data.read")
+                   if e["fields"].get("what") == "prepared/train"]
         assert [(f["round"], f["strategy"], f["ranks"]) for f in trained] == [(r, strategy, ranks)
                                                                                for r in range(ROUNDS)]
     client = MlflowClient(deployed.mlflow_url)

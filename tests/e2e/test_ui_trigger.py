@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from platform_helpers import RETRAIN, wait_for_flow_run
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
 
@@ -31,7 +32,7 @@ def test_custom_run_from_the_ui_form_completes(deployed: Platform, tmp_path: Pat
 
     assert Path(CHROMIUM).exists(), "Chromium is required (apt-get install chromium; .ci/run does it)"
     with get_client(sync_client=True) as c:
-        dep = c.read_deployment_by_name("retrain/coordinator")
+        dep = c.read_deployment_by_name(RETRAIN)
     job_id = f"ui-{uuid.uuid4().hex[:6]}"
     with sync_playwright() as p:
         # Chromium puts its singleton socket under TMPDIR; the platform's TMPDIR is too long a path for a
@@ -81,12 +82,9 @@ def test_custom_run_from_the_ui_form_completes(deployed: Platform, tmp_path: Pat
                 flow_run_filter=FlowRunFilter(deployment_id=FlowRunFilterDeploymentId(any_=[dep.id])))
             run_id = next((r.id for r in created if r.parameters.get("params", {}).get("job_id") == job_id), None)
             time.sleep(1)
-        assert run_id is not None, "submitting the form created no flow run"
-        while True:
-            fr = c.read_flow_run(run_id)
-            if fr.state and fr.state.is_final() or time.monotonic() > deadline:
-                break
-            time.sleep(3)
+    assert run_id is not None, "submitting the form created no flow run"
+    fr = wait_for_flow_run(run_id, deadline - time.monotonic(), poll_s=3)
+    with get_client(sync_client=True) as c:
         runs = c.read_flow_runs(flow_run_filter=FlowRunFilter(deployment_id=FlowRunFilterDeploymentId(any_=[dep.id])))
     assert fr.parameters["params"]["job_id"] == job_id and fr.parameters["params"]["rounds"] == 1
     assert fr.state.is_completed(), fr.state.message

@@ -11,14 +11,21 @@ import json
 import os
 import signal
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from distributed import Client
 from mlflow.tracking import MlflowClient
+from platform_helpers import (
+    coordinator_exchange,
+    e2e_name,
+    shipped_training,
+    site_store,
+    start_retrain,
+    wait_for_flow_run,
+    write_training,
+)
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, TaskRunFilter, TaskRunFilterName
 
@@ -26,7 +33,6 @@ from deployments.platform import Platform
 from insitu.conf import load_conf
 from insitu.parallel import CheckpointRef
 from insitu.parallel.checkpoint import Checkpointer
-from insitu.storage import Store
 
 pytestmark = pytest.mark.e2e
 EVERY = 20  # checkpoint interval (steps)
@@ -34,33 +40,24 @@ EVERY = 20  # checkpoint interval (steps)
 
 def _training_config(directory: Path, conf_dir: Path) -> Path:
     """The demo config, with one round long enough (~260 steps per site) to be killed in its middle."""
-    cfg = yaml.safe_load((conf_dir / "training" / "fraud.yaml").read_text())
+    cfg = shipped_training(conf_dir, "fraud")
     cfg.update(rounds=1, local_epochs=4, batch_size=32, checkpoint={"enabled": True, "every_steps": EVERY})
     # the retry restarts a worker process and re-imports torch: don't let the round's deadline skip eu
     cfg["federation"]["round_deadline_s"] = 900
-    path = directory / f"e2e-fraud_kill-{uuid.uuid4().hex[:6]}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def _site_store(p: Platform, site: str) -> Store:
-    return Store(f"s3://insitu-{site}/", p.storage_options(site, site))
+    return write_training(directory, e2e_name("fraud_kill"), cfg)
 
 
 def test_killed_rank_worker_round_retries_from_checkpoint_and_job_registers(
     deployed: Platform, shared_conf: Path, signer: Any
 ) -> None:
-    job_id = f"e2e-kill-{uuid.uuid4().hex[:6]}"
+    job_id = e2e_name("kill")
     training = _training_config(shared_conf, deployed.conf_dir)
     load_conf(training, "fraud", directory=deployed.conf_dir)  # the config itself is valid
-    ckpt = Checkpointer(CheckpointRef(_site_store(deployed, "eu"), f"checkpoints/{job_id}/round-0000", EVERY))
+    ckpt = Checkpointer(CheckpointRef(site_store(deployed, "eu"), f"checkpoints/{job_id}/round-0000", EVERY))
     with Client(deployed.dask_address("eu"), timeout=30, security=deployed.dask_security("eu")) as dask:
         pids = dask.run(os.getpid)
-    with get_client(sync_client=True) as c:
-        dep = c.read_deployment_by_name("retrain/coordinator")
-        fr = c.create_flow_run_from_deployment(dep.id, parameters={"params": {
-            "training": training.stem, "dataset": "fraud", "job_id": job_id,
-            "request": signer(training.stem, job_id)}})
+    flow_run_id = start_retrain({"training": training.stem, "dataset": "fraud", "job_id": job_id,
+                                 "request": signer(training.stem, job_id)})
 
     # Wait until eu's ranks are well into the round (two checkpoints written), then kill a rank's worker.
     deadline = time.monotonic() + 600
@@ -68,22 +65,19 @@ def test_killed_rank_worker_round_retries_from_checkpoint_and_job_registers(
     while seen < 2 * EVERY:
         assert time.monotonic() < deadline, "eu never reached its second checkpoint"
         with get_client(sync_client=True) as c:
-            state = c.read_flow_run(fr.id).state
+            state = c.read_flow_run(flow_run_id).state
         assert not state.is_final(), f"retrain ended before the kill: {state.type} {state.message}"
         seen = (ckpt.latest() or {}).get("global_step", 0)
         time.sleep(0.1)
     victim = sorted(pids)[1]  # launch puts rank r on the r-th worker (sorted by address); sites have more workers
     os.kill(pids[victim], signal.SIGKILL)  # its nanny starts a fresh worker process
-    ex = Store("s3://insitu-exchange/", deployed.storage_options("exchange", "coordinator"))
+    ex = coordinator_exchange(deployed)
     update = ex.path(f"jobs/{job_id}/update/eu/round-0000.manifest.json")
     assert not ex.fs.exists(update), "eu had finished its round before the kill: nothing was interrupted"
 
-    deadline = time.monotonic() + 900
+    run = wait_for_flow_run(flow_run_id, 900, poll_s=2)  # retrain finishes after the kill
+    assert run.state.is_completed(), run.state.message
     with get_client(sync_client=True) as c:
-        while not (run := c.read_flow_run(fr.id)).state.is_final():
-            assert time.monotonic() < deadline, "retrain did not finish after the kill"
-            time.sleep(2)
-        assert run.state.is_completed(), run.state.message
         (tr,) = c.read_task_runs(
             flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[f"site-train-eu-{job_id}"])),
             task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=["train-eu-round-0"])),

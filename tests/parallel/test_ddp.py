@@ -6,21 +6,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
-from distributed import LocalCluster
+from toy_site import local_cluster, one_process_reference, write_train_split
 
 from insitu.conf import AggregatorConfig, TrainingConfig
-from insitu.data.prepare import prepared_prefix
 from insitu.federated.aggregators import build_aggregator
 from insitu.models import build_model
 from insitu.parallel import DataRef, TrainSpec
 from insitu.parallel.launch import LaunchError, launch_on_dask
-from insitu.parallel.loop import make_optimizer
 from insitu.parallel.site import train_site
 from insitu.specs import task_for_label
-from insitu.storage import Store
 
 N, F, WORLD, SEED = 512, 8, 2, 3
 TASK = task_for_label("binary", "bool")
@@ -29,9 +25,8 @@ LOSS = {"pos_weight": 3.0}
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
-    with LocalCluster(n_workers=WORLD, threads_per_worker=1, processes=True, dashboard_address=None,
-                      host="127.0.0.1") as c:
-        yield c.scheduler_address
+    with local_cluster(WORLD) as address:
+        yield address
 
 
 @pytest.fixture
@@ -39,46 +34,27 @@ def spec(tmp_path: Path) -> TrainSpec:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(N, F)).astype(np.float32)
     y = (x[:, 0] + 0.5 * rng.normal(size=N) > 1.0).astype(np.float32)
-    d = tmp_path / prepared_prefix("toy", "job") / "train"
-    d.mkdir(parents=True)
     # unequal shards with small row groups: rank 0's block ends inside the second shard's row group
-    for i, sl in enumerate((slice(0, 200), slice(200, N))):
-        frame = pd.DataFrame(x[sl], columns=[f"f{j}" for j in range(F)])
-        frame["label"] = y[sl]
-        frame.to_parquet(d / f"shard-{i}.parquet", index=False, row_group_size=64)
+    store = write_train_split(tmp_path, x, y, cuts=[200], row_group_size=64)
     cfg = TrainingConfig.model_validate({
         "model": {"hidden": [16], "dropout": 0.0}, "optimizer": {"name": "sgd", "lr": 0.1},
         "batch_size": 64, "local_epochs": 2, "strategy": "ddp", "ranks_per_site": WORLD})
     torch.manual_seed(0)
     state = build_model(cfg.model, F).state_dict()
-    return TrainSpec(cfg, TASK, F, state, DataRef(Store(f"file://{tmp_path}/", {}), "toy", "job"), LOSS, SEED)
+    return TrainSpec(cfg, TASK, F, state, DataRef(store, "toy", "job"), LOSS, SEED)
 
 
 def _reference(spec: TrainSpec, mu: float = 0.0) -> tuple[dict[str, torch.Tensor], list[float]]:
-    """One process, one optimizer, stepping on the union of the ranks' batches (plus FedProx's term)."""
-    from insitu.data.loader import load_split
+    """One process stepping on the union of the ranks' batches (plus FedProx's term, written out here)."""
+    bce = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor(spec.loss_params["pos_weight"]))
 
-    x, y = load_split(spec.data.store, "toy", "job", "train")
-    model = build_model(spec.training.model, F)
-    model.load_state_dict(spec.state)
-    opt = make_optimizer(model, spec.training)
-    loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor(spec.loss_params["pos_weight"]))
-    per_rank = N // WORLD
-    rows = [np.arange(r * per_rank, (r + 1) * per_rank) for r in range(WORLD)]  # each rank's block
-    b = spec.training.batch_size // WORLD
-    losses = []
-    for epoch in range(spec.training.local_epochs):
-        order = np.random.default_rng([SEED, epoch]).permutation(len(rows[0]))
-        for i in range(0, len(order), b):
-            idx = np.concatenate([r[order[i:i + b]] for r in rows])
-            opt.zero_grad()
-            loss = loss_fn(model(torch.from_numpy(x[idx])), torch.from_numpy(y[idx]))
-            if mu:  # written out here, not taken from insitu: mu/2 · ‖w − w_round‖² over the parameters
-                loss = loss + mu / 2 * sum(((p - spec.state[n]) ** 2).sum() for n, p in model.named_parameters())
-            loss.backward()
-            opt.step()
-            losses.append(float(loss))
-    return model.state_dict(), losses
+    def loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        value = bce(model(x), y)
+        if mu:  # mu/2 · ‖w − w_round‖² over the parameters, not taken from insitu
+            value = value + mu / 2 * sum(((p - spec.state[n]) ** 2).sum() for n, p in model.named_parameters())
+        return value
+
+    return one_process_reference(spec, build_model(spec.training.model, F), loss, WORLD)
 
 
 def test_ddp_matches_one_rank_on_the_same_global_batch(cluster: str, spec: TrainSpec) -> None:

@@ -7,20 +7,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
-from distributed import LocalCluster
+from toy_site import local_cluster, one_process_reference, write_train_split
 
 from insitu.conf import TrainingConfig
-from insitu.data.prepare import prepared_prefix
 from insitu.federated.stats import mean_std, partial_stats
 from insitu.models import Normalization, build_model
 from insitu.parallel import DataRef, TrainResult, TrainSpec
-from insitu.parallel.loop import make_optimizer
 from insitu.parallel.site import train_site
 from insitu.specs import TaskSpec, task_for_label
-from insitu.storage import Store
 
 N, N_TEST, F, WORLD, SEED = 1024, 400, 6, 2, 5
 TASK: TaskSpec = task_for_label("regression", "float")
@@ -39,9 +35,8 @@ def _rows(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
-    with LocalCluster(n_workers=WORLD, threads_per_worker=1, processes=True, dashboard_address=None,
-                      host="127.0.0.1") as c:
-        yield c.scheduler_address
+    with local_cluster(WORLD) as address:
+        yield address
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -56,12 +51,7 @@ def one_thread() -> Iterator[None]:
 def _spec(tmp_path: Path) -> TrainSpec:
     """A site's prepared train split on a local store, and the job's spec built from its label statistics."""
     x, y = _rows(N, 0)
-    d = tmp_path / prepared_prefix("toy", "job") / "train"
-    d.mkdir(parents=True)
-    for i, sl in enumerate((slice(0, 300), slice(300, N))):  # two shards, as two prepared shards give
-        frame = pd.DataFrame(x[sl], columns=[f"f{j}" for j in range(F)])
-        frame["label"] = y[sl]
-        frame.to_parquet(d / f"shard-{i}.parquet", index=False, row_group_size=128)
+    store = write_train_split(tmp_path, x, y, cuts=[300], row_group_size=128)  # two shards
     cfg = TrainingConfig.model_validate({
         "task": "regression", "model": {"hidden": [16], "dropout": 0.0},
         "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.5},
@@ -71,34 +61,19 @@ def _spec(tmp_path: Path) -> TrainSpec:
     norm = Normalization(*mean_std(stats), *TASK.output_norm(stats))
     torch.manual_seed(0)
     state = build_model(cfg.model, F, TASK.n_outputs, norm).state_dict()
-    return TrainSpec(cfg, TASK, F, state, DataRef(Store(f"file://{tmp_path}/", {}), "toy", "job"),
+    return TrainSpec(cfg, TASK, F, state, DataRef(store, "toy", "job"),
                      TASK.loss_params(stats), SEED)
 
 
 def _reference(spec: TrainSpec) -> tuple[dict[str, torch.Tensor], list[float]]:
-    """One process, one optimizer, stepping on the union of the ranks' batches, with the loss written out:
-    the mean squared error of the prediction in label units, divided by the label's std."""
-    from insitu.data.loader import load_split
-
-    x, y = load_split(spec.data.store, "toy", "job", "train")
-    model = build_model(spec.training.model, F, 1)
-    model.load_state_dict(spec.state)
-    opt = make_optimizer(model, spec.training)
+    """One process stepping on the union of the ranks' batches, with the loss written out: the mean squared
+    error of the prediction in label units, divided by the label's std."""
     scale = float(spec.loss_params["label_scale"])
-    per_rank = N // WORLD
-    rows = [np.arange(r * per_rank, (r + 1) * per_rank) for r in range(WORLD)]  # each rank's block
-    b = spec.training.batch_size // WORLD
-    losses = []
-    for epoch in range(spec.training.local_epochs):
-        order = np.random.default_rng([SEED, epoch]).permutation(len(rows[0]))
-        for i in range(0, len(order), b):
-            idx = np.concatenate([r[order[i:i + b]] for r in rows])
-            opt.zero_grad()
-            loss = (((model(torch.from_numpy(x[idx])) - torch.from_numpy(y[idx])) / scale) ** 2).mean()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-    return model.state_dict(), losses
+
+    def loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (((model(x) - y) / scale) ** 2).mean()
+
+    return one_process_reference(spec, build_model(spec.training.model, F, 1), loss, WORLD)
 
 
 def _held_out_metrics(state: dict[str, torch.Tensor], spec: TrainSpec) -> tuple[dict[str, float], np.ndarray]:

@@ -12,16 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
-from distributed import LocalCluster
+from toy_site import local_cluster, one_process_reference, write_train_split
 
 from insitu.conf import TrainingConfig
-from insitu.data.prepare import prepared_prefix
 from insitu.models import build_model
 from insitu.parallel import CheckpointRef, DataRef, TrainResult, TrainSpec
-from insitu.parallel.loop import make_optimizer
 from insitu.parallel.site import train_site
 from insitu.specs import task_for_label
 from insitu.storage import Store
@@ -37,9 +34,8 @@ MLP = {"hidden": [16, 16], "dropout": 0.0}
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
-    with LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=None,
-                      host="127.0.0.1") as c:
-        yield c.scheduler_address
+    with local_cluster(4) as address:
+        yield address
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +45,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     x = rng.normal(size=(N, F)).astype(np.float32)
     # the label depends on the history (step 0) and on the current step (the last one)
     y = (x[:, 0] + x[:, F - K] + 0.5 * rng.normal(size=N) > 1.0).astype(np.float32)
-    d = root / prepared_prefix("toy", "job") / "train"
-    d.mkdir(parents=True)
-    for i, sl in enumerate((slice(0, 300), slice(300, N))):
-        frame = pd.DataFrame(x[sl], columns=[f"f{j}" for j in range(F)])
-        frame["label"] = y[sl]
-        frame.to_parquet(d / f"shard-{i}.parquet", index=False, row_group_size=64)
-    return Store(f"file://{root}/", {})
+    return write_train_split(root, x, y, cuts=[300], row_group_size=64)
 
 
 def make_spec(store: Store, strategy: str, ranks: int, model: dict[str, Any], parallel: dict[str, Any] | None = None,
@@ -70,26 +60,12 @@ def make_spec(store: Store, strategy: str, ranks: int, model: dict[str, Any], pa
 
 
 def reference(spec: TrainSpec, replicas: int) -> dict[str, torch.Tensor]:
-    """One process, one optimizer, stepping on the union of the replicas' batches (written out, not insitu's
-    loop). SGD: Adam would turn float-level differences of near-zero gradients into lr-sized steps."""
-    from insitu.data.loader import load_split
-
-    x, y = load_split(spec.data.store, "toy", "job", "train")
-    model = build_model(spec.training.model, F)
-    model.load_state_dict(spec.state)
-    opt = make_optimizer(model, spec.training)
-    loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor(LOSS["pos_weight"]))
-    per = N // replicas
-    blocks = [np.arange(r * per, (r + 1) * per) for r in range(replicas)]
-    b = spec.training.batch_size // replicas
-    for epoch in range(spec.training.local_epochs):
-        order = np.random.default_rng([SEED, epoch]).permutation(per)
-        for i in range(0, per, b):
-            idx = np.concatenate([blk[order[i:i + b]] for blk in blocks])
-            opt.zero_grad()
-            loss_fn(model(torch.from_numpy(x[idx])), torch.from_numpy(y[idx])).backward()
-            opt.step()
-    return model.state_dict()
+    """One process stepping on the union of the replicas' batches. SGD: Adam would turn float-level
+    differences of near-zero gradients into lr-sized steps."""
+    bce = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor(LOSS["pos_weight"]))
+    state, _ = one_process_reference(spec, build_model(spec.training.model, F),
+                                     lambda model, x, y: bce(model(x), y), replicas)
+    return state
 
 
 def assert_same(result: TrainResult, ref: dict[str, torch.Tensor], start: dict[str, torch.Tensor]) -> None:

@@ -8,24 +8,18 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 import yaml
-
-from insitu.data.prepare import prepared_prefix
+from toy_site import write_train_split
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_torchrun_two_ranks_trains_and_saves(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
-    d = tmp_path / "store" / prepared_prefix("fraud", "dbg") / "train"
-    d.mkdir(parents=True)
     x = rng.normal(size=(600, 6)).astype(np.float32)
-    frame = pd.DataFrame(x, columns=[f"f{i}" for i in range(6)])
-    frame["label"] = (x[:, 0] > 1).astype(np.float32)
-    frame.to_parquet(d / "s0.parquet", index=False)
+    write_train_split(tmp_path / "store", x, (x[:, 0] > 1).astype(np.float32), dataset="fraud", job="dbg")
     out = tmp_path / "state.pt"
     torchrun = str(Path(sys.executable).parent / "torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
@@ -49,12 +43,8 @@ def test_torchrun_two_ranks_trains_and_saves(tmp_path: Path) -> None:
 def test_torchrun_runs_every_strategy(tmp_path: Path, strategy: str, parallel: dict[str, object]) -> None:
     """The sharded and pipelined strategies run under plain torchrun too, from a user's own config file."""
     rng = np.random.default_rng(2)
-    d = tmp_path / "store" / prepared_prefix("fraud", "dbg") / "train"
-    d.mkdir(parents=True)
     x = rng.normal(size=(256, 6)).astype(np.float32)
-    frame = pd.DataFrame(x, columns=[f"f{i}" for i in range(6)])
-    frame["label"] = (x[:, 0] > 1).astype(np.float32)
-    frame.to_parquet(d / "s0.parquet", index=False)
+    write_train_split(tmp_path / "store", x, (x[:, 0] > 1).astype(np.float32), dataset="fraud", job="dbg")
     cfg = yaml.safe_load((REPO / "conf/training/fraud.yaml").read_text())
     cfg.update({"strategy": strategy, "ranks_per_site": 2, "batch_size": 64, "parallel": parallel,
                 "model": {"name": "tabular_mlp", "hidden": [16, 16], "dropout": 0.0}})

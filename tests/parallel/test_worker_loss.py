@@ -9,14 +9,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import psutil
 import pytest
 import torch
-from distributed import Client, LocalCluster
+from distributed import Client
+from toy_site import local_cluster, write_train_split
 
 from insitu.conf import TrainingConfig
-from insitu.data.prepare import prepared_prefix
 from insitu.models import build_model
 from insitu.parallel import CheckpointRef, DataRef, TrainSpec
 from insitu.parallel.checkpoint import Checkpointer
@@ -30,11 +29,7 @@ EVERY = 20
 def test_killed_worker_round_resumes_from_last_checkpoint(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(4000, 6)).astype(np.float32)
-    d = tmp_path / prepared_prefix("toy", "job") / "train"
-    d.mkdir(parents=True)
-    frame = pd.DataFrame(x, columns=[f"f{i}" for i in range(6)])
-    frame["label"] = (x[:, 0] > 1).astype(np.float32)
-    frame.to_parquet(d / "s.parquet", index=False)
+    write_train_split(tmp_path, x, (x[:, 0] > 1).astype(np.float32))
     cfg = TrainingConfig.model_validate({"model": {"hidden": [32], "dropout": 0.0}, "batch_size": 16,
                                          "local_epochs": 12, "strategy": "ddp", "ranks_per_site": 2})
     store_url = f"file://{tmp_path}/"
@@ -45,14 +40,13 @@ def test_killed_worker_round_resumes_from_last_checkpoint(tmp_path: Path) -> Non
     torch.manual_seed(0)
     spec = TrainSpec(cfg, task_for_label(), 6, build_model(cfg.model, 6).state_dict(), DataRef(store, "toy", "job"),
                      {"pos_weight": 2.0}, 5, ref)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                      host="127.0.0.1") as cluster, Client(cluster) as client:
+    with local_cluster(2) as address, Client(address) as client:
         pids = client.run(os.getpid)
         errors: list[BaseException] = []
 
         def first_attempt() -> None:
             try:
-                train_site(spec, cluster.scheduler_address)
+                train_site(spec, address)
             except BaseException as e:  # noqa: BLE001 (recorded for the assertion)
                 errors.append(e)
 
@@ -70,7 +64,7 @@ def test_killed_worker_round_resumes_from_last_checkpoint(tmp_path: Path) -> Non
         assert errors and isinstance(errors[0], RankFailed), errors
         assert not psutil.pid_exists(pids[victim]) or psutil.Process(pids[victim]).status() == "zombie"
 
-        result = train_site(spec, cluster.scheduler_address)  # what the Prefect task's retry does
+        result = train_site(spec, address)  # what the Prefect task's retry does
     steps_per_epoch = (4000 // 2) // (16 // 2)
     assert result.metrics["resumed_from_step"] >= seen
     assert result.metrics["global_steps"] == steps_per_epoch * 12

@@ -4,14 +4,13 @@ and the whole trail exports as one timeline."""
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import typer
-from prefect.client.orchestration import get_client
+from platform_helpers import run_flow
 
 from deployments.cli import audit_timeline, audit_verify
 from deployments.platform import Platform
@@ -24,14 +23,7 @@ pytestmark = pytest.mark.e2e
 
 
 def _prepare(site: str, job_id: str, request: dict[str, Any]) -> None:
-    with get_client(sync_client=True) as client:
-        dep = client.read_deployment_by_name(f"site-prepare/{site}")
-        fr = client.create_flow_run_from_deployment(dep.id, parameters={"job_id": job_id, "request": request,
-                                                                        "shards": [f"{site}-000"]})
-        deadline = time.monotonic() + 300
-        while not (fr := client.read_flow_run(fr.id)).state.is_final():
-            assert time.monotonic() < deadline
-            time.sleep(1)
+    fr = run_flow(f"site-prepare/{site}", {"job_id": job_id, "request": request, "shards": [f"{site}-000"]}, 300)
     assert fr.state.is_completed(), fr.state.message
 
 

@@ -17,8 +17,8 @@ import pytest
 import s3fs
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from platform_helpers import run_flow, wait_for_flow_run
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.objects import FlowRun
 
 from deployments.platform import COORDINATOR, Platform
 from deployments.platform.pools import ensure_locked_pool
@@ -26,17 +26,6 @@ from deployments.worker import RULE_ENTRYPOINT, RULE_JOB_VARIABLES, RULE_PULL_ST
 from insitu.governance.audit import read_events, verify
 
 pytestmark = pytest.mark.e2e
-
-
-def _wait_final(flow_run_id: Any, timeout: float = 300) -> FlowRun:
-    deadline = time.monotonic() + timeout
-    with get_client(sync_client=True) as client:
-        while True:
-            fr = client.read_flow_run(flow_run_id)
-            if fr.state and fr.state.is_final():
-                return fr
-            assert time.monotonic() < deadline, f"flow run {flow_run_id} still {fr.state_name}"
-            time.sleep(1)
 
 
 def _new_events(platform: Platform, actor: str, before: int) -> list[dict[str, Any]]:
@@ -53,11 +42,7 @@ def _new_events(platform: Platform, actor: str, before: int) -> list[dict[str, A
 def test_a_run_with_job_variables_is_refused_before_anything_starts(deployed: Platform,
                                                                      job_variables: dict[str, Any]) -> None:
     before = len(read_events(deployed.audit_log("us")))
-    with get_client(sync_client=True) as client:
-        dep = client.read_deployment_by_name("site-prepare/us")
-        fr = client.create_flow_run_from_deployment(
-            dep.id, parameters={"job_id": "e2e-attack-jv", "shards": ["eu-000"]}, job_variables=job_variables)
-    fr = _wait_final(fr.id)
+    fr = run_flow("site-prepare/us", {"job_id": "e2e-attack-jv", "shards": ["eu-000"]}, job_variables=job_variables)
     assert fr.state.is_failed(), fr.state
     assert "refused by site 'us'" in fr.state.message and RULE_JOB_VARIABLES in fr.state.message
     assert fr.infrastructure_pid is None  # no process was started
@@ -82,7 +67,7 @@ def test_a_deployment_someone_else_registered_on_a_site_pool_does_not_run(
         dep_id = client.create_deployment(flow_id, f"evil-{uuid.uuid4().hex[:6]}", work_pool_name="insitu-eu",
                                           entrypoint=entrypoint, pull_steps=pull_steps, path=".")
         fr = client.create_flow_run_from_deployment(dep_id, parameters={"job_id": "e2e-attack-dep"})
-    fr = _wait_final(fr.id)
+    fr = wait_for_flow_run(fr.id, 300)
     assert fr.state.is_failed() and rule in fr.state.message, fr.state
     assert not Path("/tmp/insitu-pwned").exists()
     (refusal,) = [e for e in _new_events(deployed, "eu", before) if e["event"] == "run.refused"]
@@ -108,12 +93,8 @@ def test_an_edited_pool_template_changes_nothing_and_the_guard_still_refuses(dep
     assert r.status_code == 204, r.text
     try:
         before = len(read_events(deployed.audit_log("us")))
-        with get_client(sync_client=True) as client:
-            dep = client.read_deployment_by_name("site-prepare/us")
-            fr = client.create_flow_run_from_deployment(dep.id, parameters={
-                "job_id": "e2e-attack-template", "shards": ["eu-000"],
-                "request": signer(job_id="e2e-attack-template")})
-        fr = _wait_final(fr.id)
+        fr = run_flow("site-prepare/us", {"job_id": "e2e-attack-template", "shards": ["eu-000"],
+                                          "request": signer(job_id="e2e-attack-template")})
         assert fr.state.is_failed() and "site 'us' refuses to read shard 'eu-000'" in fr.state.message, fr.state
         assert not marker.exists()
         # The worker read the edited template while vetting this very run, and ran its locked one.
@@ -135,11 +116,7 @@ def test_a_run_may_not_point_a_site_at_a_file_of_its_choosing(deployed: Platform
     """The training parameter names a config; a path to anything else (here the site's own identity file,
     which holds its audit key) is refused without reading or echoing it."""
     secret = str(deployed.identity_file("us"))
-    with get_client(sync_client=True) as client:
-        dep = client.read_deployment_by_name("site-prepare/us")
-        fr = client.create_flow_run_from_deployment(dep.id, parameters={"job_id": "e2e-attack-conf",
-                                                                         "training": secret})
-    fr = _wait_final(fr.id)
+    fr = run_flow("site-prepare/us", {"job_id": "e2e-attack-conf", "training": secret})
     assert fr.state.is_failed() and "only configs in" in fr.state.message, fr.state
     assert deployed.audit_key("us").hex() not in fr.state.message
 
@@ -224,7 +201,7 @@ def test_the_coordinator_sends_no_sites_work_to_a_moved_deployment(deployed: Pla
             coordinator = client.read_deployment_by_name("retrain/coordinator")
             fr = client.create_flow_run_from_deployment(coordinator.id, parameters={
                 "params": {"training": "fraud", "job_id": f"e2e-attack-moved-{uuid.uuid4().hex[:6]}"}})
-            fr = _wait_final(fr.id, 600)
+            fr = wait_for_flow_run(fr.id, 600)
             prepared = [r for r in client.read_flow_runs() if r.name.startswith("site-prepare-apac-e2e-attack-moved")]
         finally:
             client.update_deployment(dep.id, DeploymentUpdate(work_pool_name="insitu-apac"))

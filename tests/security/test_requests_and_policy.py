@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 import typer
-from prefect.client.orchestration import get_client
+from platform_helpers import job_events, run_flow
 from prefect.client.schemas.objects import FlowRun
 
 from deployments.cli import signing as governance
 from deployments.platform import Platform
-from insitu.governance.audit import read_events, verify
+from insitu.governance.audit import verify
 from insitu.governance.policy import SitePolicy, sign_policy
 from insitu.governance.principals import load_private_key
 
@@ -28,19 +28,11 @@ pytestmark = pytest.mark.e2e
 
 
 def _run_prepare(site: str, params: dict[str, Any], timeout: float = 300) -> FlowRun:
-    with get_client(sync_client=True) as client:
-        dep = client.read_deployment_by_name(f"site-prepare/{site}")
-        fr = client.create_flow_run_from_deployment(dep.id, parameters=params)
-        deadline = time.monotonic() + timeout
-        while not (fr := client.read_flow_run(fr.id)).state.is_final():
-            assert time.monotonic() < deadline, f"{fr.name} still {fr.state_name}"
-            time.sleep(1)
-    return fr
+    return run_flow(f"site-prepare/{site}", params, timeout)
 
 
 def _decisions(p: Platform, site: str, job_id: str) -> list[dict[str, Any]]:
-    return [e["fields"] for e in read_events(p.audit_log(site))
-            if e["event"] in ("policy.decision", "policy.refused") and e["fields"].get("job_id") == job_id]
+    return [e["fields"] for e in job_events(p, site, job_id, "policy.decision", "policy.refused")]
 
 
 def _forged(p: Platform, job_id: str) -> dict[str, Any]:
@@ -88,8 +80,7 @@ def test_a_site_refuses_requests_its_policy_does_not_admit(deployed: Platform, s
     # The principal recorded is the verified one: none, unless the signature checked out.
     assert decision["principal"] == ({"out-of-role": "operator", "other-purpose": "alice",
                                       "expired": "alice"}.get(case))
-    events = [e for e in read_events(deployed.audit_log("eu")) if e["fields"].get("job_id") == job_id]
-    assert not [e for e in events if e["event"] == "data.read"]
+    assert not job_events(deployed, "eu", job_id, "data.read")
     assert verify(deployed.audit_log("eu"), deployed.audit_key("eu")).ok
 
 
@@ -100,8 +91,7 @@ def test_a_signed_request_is_admitted_with_the_verified_principal(deployed: Plat
     (decision,) = _decisions(deployed, "eu", job_id)
     assert decision["allowed"] and decision["principal"] == "alice"
     assert decision["rule"] == "data-scientists-fraud-detection"
-    reads = [e for e in read_events(deployed.audit_log("eu"))
-             if e["event"] == "data.read" and e["fields"].get("job_id") == job_id]
+    reads = job_events(deployed, "eu", job_id, "data.read")
     assert reads and all(e["fields"]["principal"] == "alice" for e in reads)
 
 
@@ -149,15 +139,9 @@ def test_only_a_site_admin_can_change_a_sites_policy(deployed: Platform, signer:
 def test_a_site_scores_only_the_jobs_final_model_and_the_champion(deployed: Platform, signer: Any) -> None:
     """A coordinator may not use a site's test rows as an oracle for weights of its choosing."""
     job_id = f"e2e-oracle-{uuid.uuid4().hex[:6]}"
-    with get_client(sync_client=True) as client:
-        dep = client.read_deployment_by_name("site-evaluate/eu")
-        fr = client.create_flow_run_from_deployment(dep.id, parameters={
-            "job_id": job_id, "weights": ["round-0001"], "request": signer(job_id=job_id)})
-        deadline = time.monotonic() + 300
-        while not (fr := client.read_flow_run(fr.id)).state.is_final():
-            assert time.monotonic() < deadline
-            time.sleep(1)
+    fr = run_flow("site-evaluate/eu", {"job_id": job_id, "weights": ["round-0001"], "request": signer(job_id=job_id)},
+                  300)
     assert fr.state.is_failed() and "rule evaluate.one-selected-round" in fr.state.message, fr.state.message
-    events = [e for e in read_events(deployed.audit_log("eu")) if e["fields"].get("job_id") == job_id]
+    events = job_events(deployed, "eu", job_id)
     assert [e["event"] for e in events] == ["policy.decision", "evaluate.refused"]
     assert events[1]["fields"]["principal"] == "alice"

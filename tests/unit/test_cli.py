@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +26,8 @@ def test_an_error_is_one_line_and_debug_shows_the_trace(tmp_path: Path) -> None:
     assert r.returncode == 1 and "Traceback" in r.stderr
 
 
-def test_validate_checks_every_file_of_conf(tmp_path: Path) -> None:
-    conf = tmp_path / "conf"
-    shutil.copytree(REPO / "conf", conf, ignore=shutil.ignore_patterns("e2e-*"))
+def test_validate_checks_every_file_of_conf(conf_copy: Path, tmp_path: Path) -> None:
+    conf = conf_copy
     r = _insitu("validate", "--conf", str(conf), cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "training/fraud_single.yaml with dataset fraud" in r.stdout

@@ -1,8 +1,8 @@
-"""Tests for ``insitu.conf``: the real ``conf/`` loads, and bad configs fail with file, key and fix."""
+"""Tests for ``insitu.conf`` on the fixture ``conf/`` (tests/fixtures/conf): it loads, and bad configs fail with
+file, key and fix. That the shipped ``conf/`` loads is test_shipped_conf.py's."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,27 +22,16 @@ from insitu.conf import (
 )
 from insitu.job import load_job
 
-REPO = Path(__file__).resolve().parents[2]
-
-CONF = REPO / "conf"
 SITES = "sites.yaml"
 DATASETS = "datasets.yaml"
 TRAINING = "training/fraud.yaml"
-EU_WORKERS = "      local_workers: 4  # one rank per worker; a 2 x 2 hybrid mesh needs 4"  # as in conf/sites.yaml
+EU_WORKERS = "      local_workers: 4"  # as in the fixture's sites.yaml
 
 Mutation = Callable[[Path], None]
 
 
 # --------------------------------------------------------------------------- helpers
-@pytest.fixture
-def conf_copy(tmp_path: Path) -> Path:
-    """A private copy of the repository's ``conf/`` that a test may break."""
-    d = tmp_path / "conf"
-    # not the e2e tests' own configs (conf/training/e2e-*.yaml exist while an e2e test runs)
-    shutil.copytree(CONF, d, ignore=shutil.ignore_patterns("e2e-*"))
-    return d
-
-
+# conf_dir (the fixture conf/, read only) and conf_copy (a private copy a test may break): tests/unit/conftest.py
 def _edit(file: str, change: Callable[[dict[str, Any]], None]) -> Mutation:
     """A mutation that loads ``file`` from the conf copy, applies ``change`` to it and writes it back."""
 
@@ -103,9 +92,9 @@ SHARDS = ("datasets", "fraud", "shards")
 COLUMNS = ("datasets", "fraud", "schema", "columns")
 
 
-# --------------------------------------------------------------------------- the real conf/
-def test_real_conf_loads() -> None:
-    conf = load_conf("fraud", directory=CONF)
+# --------------------------------------------------------------------------- a conf/ that loads
+def test_a_conf_loads(conf_dir: Path) -> None:
+    conf = load_conf("fraud", directory=conf_dir)
 
     assert conf.sites.names == ["eu", "us", "apac"]
     assert conf.sites.exchange.storage == "s3://insitu-exchange/"
@@ -118,14 +107,14 @@ def test_real_conf_loads() -> None:
     assert conf.training.seed == 7
     assert conf.training.federation.min_sites == 2
     assert conf.paths == {
-        "sites": str(CONF / SITES),
-        "datasets": str(CONF / DATASETS),
-        "training": str(CONF / TRAINING),
+        "sites": str(conf_dir / SITES),
+        "datasets": str(conf_dir / DATASETS),
+        "training": str(conf_dir / TRAINING),
     }
 
 
-def test_real_conf_pins_every_shard_to_one_known_site() -> None:
-    conf = load_conf("fraud", directory=CONF)
+def test_every_shard_is_pinned_to_one_known_site(conf_dir: Path) -> None:
+    conf = load_conf("fraud", directory=conf_dir)
     shards = conf.dataset.shards
 
     ids = [s.id for s in shards]
@@ -140,28 +129,28 @@ def test_real_conf_pins_every_shard_to_one_known_site() -> None:
         assert not s.path.startswith("/") and "://" not in s.path
 
 
-def test_unknown_site_lookup_is_a_config_error() -> None:
-    conf = load_conf("fraud", directory=CONF)
+def test_unknown_site_lookup_is_a_config_error(conf_dir: Path) -> None:
+    conf = load_conf("fraud", directory=conf_dir)
     with pytest.raises(ConfigError, match="unknown site 'mars'"):
         conf.sites.site("mars")
 
 
-def test_config_hash_is_stable_and_tracks_training_values(conf_copy: Path) -> None:
-    base = load_conf("fraud", directory=CONF).config_hash()
+def test_config_hash_is_stable_and_tracks_training_values(conf_dir: Path, conf_copy: Path) -> None:
+    base = load_conf("fraud", directory=conf_dir).config_hash()
 
     assert len(base) == 16 and int(base, 16) >= 0
-    assert load_conf("fraud", directory=CONF).config_hash() == base
+    assert load_conf("fraud", directory=conf_dir).config_hash() == base
     # The hash is about content, not where conf/ lives.
     assert load_conf("fraud", directory=conf_copy).config_hash() == base
     # Overriding with the value already in the file, or with None (ignored), changes nothing.
-    assert load_conf("fraud", directory=CONF, overrides={"rounds": 5}).config_hash() == base
-    assert load_conf("fraud", directory=CONF, overrides={"rounds": None}).config_hash() == base
+    assert load_conf("fraud", directory=conf_dir, overrides={"rounds": 5}).config_hash() == base
+    assert load_conf("fraud", directory=conf_dir, overrides={"rounds": None}).config_hash() == base
 
-    changed = load_conf("fraud", directory=CONF, overrides={"rounds": 6})
+    changed = load_conf("fraud", directory=conf_dir, overrides={"rounds": 6})
     assert changed.training.rounds == 6
     assert changed.config_hash() != base
-    assert load_conf("fraud", directory=CONF, overrides={"rounds": 6}).config_hash() == changed.config_hash()
-    assert load_conf("fraud", directory=CONF, overrides={"seed": 8}).config_hash() not in (
+    assert load_conf("fraud", directory=conf_dir, overrides={"rounds": 6}).config_hash() == changed.config_hash()
+    assert load_conf("fraud", directory=conf_dir, overrides={"seed": 8}).config_hash() not in (
         base,
         changed.config_hash(),
     )
@@ -173,27 +162,27 @@ def test_config_hash_tracks_edits_to_other_files(conf_copy: Path) -> None:
     assert load_conf("fraud", directory=conf_copy).config_hash() != base
 
 
-def test_bad_override_names_the_overrides_and_key() -> None:
+def test_bad_override_names_the_overrides_and_key(conf_dir: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        load_conf("fraud", directory=CONF, overrides={"rounds": 0})
+        load_conf("fraud", directory=conf_dir, overrides={"rounds": 0})
     msg = str(info.value)
-    assert str(CONF / TRAINING) in msg
+    assert str(conf_dir / TRAINING) in msg
     assert "with overrides {'rounds': 0}" in msg
     assert "key 'rounds'" in msg
     assert "greater than or equal to 1" in msg
 
 
-def test_unknown_dataset_is_reported() -> None:
+def test_unknown_dataset_is_reported(conf_dir: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        load_conf("fraud", dataset="payments", directory=CONF)
+        load_conf("fraud", dataset="payments", directory=conf_dir)
     msg = str(info.value)
-    assert str(CONF / DATASETS) in msg
+    assert str(conf_dir / DATASETS) in msg
     assert "key 'datasets.payments'" in msg
     assert "defined: ['card_sequences', 'digits', 'fraud']" in msg
 
 
 # --------------------------------------------------------------------------- bad configs
-# Each case breaks one file of a copy of conf/. ``key`` is the dotted key the message must name
+# Each case breaks one file of a copy of the fixture conf/. ``key`` is the dotted key the message must name
 # (matched as a prefix, so a later, more precise key still passes); None for file-level errors.
 BAD_CONFIGS = [
     pytest.param(
@@ -427,8 +416,8 @@ def test_exchange_inside_a_site_store_is_rejected(conf_copy: Path) -> None:
     assert "exchange" in _load_error(conf_copy)
 
 
-def test_a_run_may_name_only_configs_of_its_own_conf_training(tmp_path: Path) -> None:
-    conf = Path(__file__).resolve().parents[2] / "conf"
+def test_a_run_may_name_only_configs_of_its_own_conf_training(conf_dir: Path, tmp_path: Path) -> None:
+    conf = conf_dir
     assert trusted_training("fraud", conf) == str((conf / "training" / "fraud.yaml").resolve())
     assert trusted_training("fraud_single", conf).endswith("fraud_single.yaml")
     secret = tmp_path / "identity.json"
@@ -662,11 +651,11 @@ def test_a_long_attacker_value_is_cut_short(conf_copy: Path) -> None:
 
 
 @pytest.mark.parametrize("dataset", ["../fraud", "fraud/shards", "", "fraud\n", "-fraud"])
-def test_a_dataset_is_named_by_a_plain_key_of_datasets_yaml(dataset: str) -> None:
+def test_a_dataset_is_named_by_a_plain_key_of_datasets_yaml(conf_dir: Path, dataset: str) -> None:
     with pytest.raises(ConfigError) as info:
-        load_conf("fraud", dataset=dataset, directory=CONF)
+        load_conf("fraud", dataset=dataset, directory=conf_dir)
     msg = str(info.value)
-    assert str(CONF / DATASETS) in msg and "a run names a dataset by its key in datasets.yaml" in msg
+    assert str(conf_dir / DATASETS) in msg and "a run names a dataset by its key in datasets.yaml" in msg
     assert "defined: ['card_sequences', 'digits', 'fraud']" in msg
 
 
@@ -730,8 +719,8 @@ def test_async_mode_and_its_keys_load(conf_copy: Path) -> None:
     assert f.asynchronous.staleness.function == "hinge" and f.asynchronous.max_staleness == 1
 
 
-def test_the_default_mode_is_sync() -> None:
-    assert load_conf("fraud", directory=CONF).training.federation.mode == "sync"
+def test_the_default_mode_is_sync(conf_dir: Path) -> None:
+    assert load_conf("fraud", directory=conf_dir).training.federation.mode == "sync"
 
 
 def test_a_simulated_delay_names_known_sites(conf_copy: Path) -> None:

@@ -17,12 +17,10 @@ from insitu.data.schema import REASON, SchemaError, validate
 from insitu.data.synthetic import check_matches_schema, generate, inject_malformed
 from insitu.storage import Store
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-
 
 @pytest.fixture(scope="module")
-def conf() -> Conf:
-    return load_conf("fraud", directory=CONF_DIR)
+def conf(conf_dir: Path) -> Conf:
+    return load_conf("fraud", directory=conf_dir)
 
 
 @pytest.fixture(scope="module")

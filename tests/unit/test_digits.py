@@ -1,9 +1,8 @@
-"""The digits example: its per-site frames (deterministic, label-skewed, valid), seeding by dataset into
-``file://`` stores, and that the shipped config trains it federatedly to a useful model."""
+"""The digits example: its per-site frames (deterministic, label-skewed, valid) and seeding by dataset into
+``file://`` stores. That the shipped config trains it federatedly to a useful model: test_shipped_conf.py."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -12,48 +11,28 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 import yaml
 
 from deployments.platform import REPO
 from insitu.data.digits import HOME_DIGITS, PIXELS, SITES, digits_frames
-from insitu.data.features import assign_split, featurize, label_classes
-from insitu.data.loader import load_split
-from insitu.data.prepare import prepare_shard, summarize
+from insitu.data.features import assign_split, featurize
 from insitu.data.schema import validate
 from insitu.data.seed import SEEDERS, seed, seeder_for
-from insitu.federated.aggregators import Update, build_aggregator
 from insitu.federated.kinds import MIN_ROWS
-from insitu.federated.stats import combine, mean_std
 from insitu.job import JobSpec, load_job
-from insitu.models import Normalization, build_model
-from insitu.parallel.loop import train_epochs
 from insitu.storage import Store
 
 N_IMAGES = 1797  # sklearn.datasets.load_digits()
 
 
 @pytest.fixture(scope="module")
-def conf() -> JobSpec:
-    return load_job("digits", "digits", REPO / "conf")
+def conf(conf_dir: Path) -> JobSpec:
+    return load_job("digits", "digits", conf_dir)
 
 
 @pytest.fixture(scope="module")
 def frames() -> dict[str, pd.DataFrame]:
     return digits_frames(42)
-
-
-@pytest.fixture
-def file_conf(tmp_path: Path) -> Path:
-    """A copy of ``conf/`` whose sites and exchange are folders under ``tmp_path`` (no platform needed)."""
-    d = tmp_path / "conf"
-    shutil.copytree(REPO / "conf", d, ignore=shutil.ignore_patterns("e2e-*"))
-    sites = yaml.safe_load((d / "sites.yaml").read_text())
-    sites["exchange"]["storage"] = f"file://{tmp_path}/exchange/"
-    for s in sites["sites"]:
-        s["storage"] = f"file://{tmp_path}/stores/{s['name']}/"
-    (d / "sites.yaml").write_text(yaml.safe_dump(sites, sort_keys=False))
-    return d
 
 
 def _store(c: JobSpec, site: str) -> Store:
@@ -172,47 +151,3 @@ def test_the_seed_command_refuses_an_unseedable_dataset_before_the_platform(tmp_
     out = (r.stdout + r.stderr).strip()
     assert r.returncode == 1 and out.startswith("error: ValueError: no example data for dataset 'claims'"), out
     assert "insitu data put" in out and not state.exists()
-
-
-# --------------------------------------------------------------------------- it trains
-def test_the_shipped_config_trains_the_seeded_digits_federatedly(file_conf: Path) -> None:
-    """seed → prepare on each site's store → FedAvg rounds in-process, as the sites and coordinator run them:
-    the global test macro-F1 after the configured rounds must clear the gate's first-model floor by far."""
-    c = load_job("digits", "digits", file_conf)
-    t, task, schema = c.training, c.task, c.dataset.schema_
-    seed(c, seed=42)
-    data = {}
-    for shard in c.dataset.shards:
-        store = _store(c, shard.site)
-        rep = prepare_shard(store, shard, schema, t.split, c.dataset.split_key, "digits", "job-1")
-        assert rep.error is None and rep.rows_quarantined == 0
-        data[shard.site] = (summarize([rep]), {s: load_split(store, "digits", "job-1", s) for s in ("train", "test")})
-    stats = combine(d[0]["train_stats"] for d in data.values())
-    assert sum(stats["label_counts"]) == stats["n"] and len(stats["label_counts"]) == label_classes(schema) == 10
-    mean, std = mean_std(stats)
-    params = task.loss_params(stats)
-    torch.manual_seed(t.seed)
-    state = build_model(t.model, len(mean), task.n_outputs, Normalization(mean, std)).state_dict()
-    agg = build_aggregator(t.aggregator.name, t.aggregator.options)
-    kept = None
-    for rnd in range(t.rounds):
-        updates = []
-        for site, (_, splits) in data.items():
-            model = build_model(t.model, len(mean), task.n_outputs)
-            model.load_state_dict(state)
-            train_epochs(model, *splits["train"], t, task.loss(params), t.seed * 1000 + rnd)
-            updates.append(Update(site, model.state_dict(), len(splits["train"][1])))
-        state, kept = agg.aggregate(rnd, state, updates, kept)
-    per_site = {}
-    for site, (_, splits) in data.items():
-        model = build_model(t.model, len(mean), task.n_outputs)
-        model.load_state_dict(state)
-        model.eval()
-        x, y = splits["test"]
-        with torch.no_grad():
-            per_site[site] = task.site_metrics(model(torch.from_numpy(x)), y, params)
-    g = task.global_metrics(per_site)
-    assert g["count"] == sum(len(d[1]["test"][1]) for d in data.values())
-    assert g["macro_f1"] >= 0.85, (g, {s: m["macro_f1"] for s, m in per_site.items()})
-    assert all(m["macro_f1"] >= 0.8 for m in per_site.values()), per_site
-    assert task.gate_metric(t.gate.primary_metric).meets(g["macro_f1"], t.gate.absolute_floor)

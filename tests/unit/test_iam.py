@@ -159,18 +159,3 @@ def test_no_auth_action_count() -> None:
 def test_importing_does_not_import_boto3() -> None:
     code = "import sys, insitu.governance.iam; sys.exit('boto3' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
-
-
-def test_the_shipped_aws_documents_are_the_ones_the_platform_enforces() -> None:
-    """docs/iam/ is what `insitu iam-policies` writes for conf/sites.yaml; regenerate it when they differ."""
-    from pathlib import Path
-
-    from insitu.conf import load_sites
-    from insitu.governance.iam import policy_documents, render
-
-    repo = Path(__file__).resolve().parents[2]
-    sites = load_sites(repo / "conf" / "sites.yaml")
-    bucket = lambda url: url.split("://", 1)[1].split("/", 1)[0]  # noqa: E731
-    docs = policy_documents(bucket(sites.exchange.storage), {s.name: bucket(s.storage) for s in sites.sites})
-    shipped = {p.name: p.read_text() for p in (repo / "docs" / "iam").glob("*.json")}
-    assert shipped == {name: render(doc) for name, doc in docs.items()}, "run `insitu iam-policies`"

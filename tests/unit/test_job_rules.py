@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from insitu.conf import load_conf
 from insitu.federated.job import resume_refusal, shard_plan, sites_prepared_before
 
 
-def test_each_shard_goes_to_its_own_site_only() -> None:
-    conf = load_conf("fraud", "fraud", "conf")
+def test_each_shard_goes_to_its_own_site_only(conf_dir: Path) -> None:
+    conf = load_conf("fraud", "fraud", conf_dir)
     plan = shard_plan(conf)
     assert plan == {"eu": ["eu-000", "eu-001"], "us": ["us-000", "us-001"],
                     "apac": ["apac-000", "apac-001", "apac-002"]}

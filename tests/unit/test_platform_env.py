@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from deployments.platform import COORDINATOR, REPO, Platform
+from deployments.platform import COORDINATOR, Platform
 
 
 @pytest.fixture
-def platform(tmp_path: Path) -> Platform:
-    p = Platform(tmp_path, REPO / "conf", free_ports=True, isolate_users=False)
+def platform(tmp_path: Path, conf_dir: Path) -> Platform:
+    p = Platform(tmp_path, conf_dir, free_ports=True, isolate_users=False)
     # What provisioning the S3 endpoints records: one IAM user per site and server.
     p.state["secrets"]["s3"] = {
         "exchange": {a: {"access_key": f"AKIA-x-{a}", "secret_key": f"sx-{a}"} for a in p.actors},
@@ -57,16 +57,16 @@ def test_the_operator_reads_mlflow_but_is_not_its_coordinator(platform: Platform
     assert env["PREFECT_API_AUTH_STRING"] == platform.prefect_auth
 
 
-def test_ports_and_secrets_persist_across_instances(tmp_path: Path) -> None:
-    a = Platform(tmp_path, REPO / "conf", free_ports=True, isolate_users=False)
+def test_ports_and_secrets_persist_across_instances(tmp_path: Path, conf_dir: Path) -> None:
+    a = Platform(tmp_path, conf_dir, free_ports=True, isolate_users=False)
     a._save_state()
     assert (a.state_file.stat().st_mode & 0o777) == 0o600
-    b = Platform(tmp_path, REPO / "conf", isolate_users=False)
+    b = Platform(tmp_path, conf_dir, isolate_users=False)
     assert b.state["ports"] == a.state["ports"] and b.state["secrets"] == a.state["secrets"]
     assert len(set(a.state["ports"].values())) == len(a.state["ports"])
 
 
-def test_a_platform_started_by_an_older_insitu_can_be_stopped_not_reused(tmp_path: Path) -> None:
+def test_a_platform_started_by_an_older_insitu_can_be_stopped_not_reused(tmp_path: Path, conf_dir: Path) -> None:
     import json
     import os
 
@@ -75,7 +75,7 @@ def test_a_platform_started_by_an_older_insitu_can_be_stopped_not_reused(tmp_pat
     old = {"ports": {"prefect": 1}, "pids": {"prefect-server": os.getpid()},
            "secrets": {"eu": {"access_key": "a", "secret_key": "b", "audit_key": "00"}}}
     (tmp_path / "state.json").write_text(json.dumps(old))
-    p = Platform(tmp_path, REPO / "conf", isolate_users=False)
+    p = Platform(tmp_path, conf_dir, isolate_users=False)
     assert p.state["pids"] == old["pids"] and "prefect_auth" in p.state["secrets"]  # down() has what it needs
     with pytest.raises(PlatformError, match="older insitu"):
         p.up()

@@ -15,12 +15,10 @@ from insitu.governance.residency import (
     admit_shards,
 )
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-
 
 @pytest.fixture(scope="module")
-def dataset() -> DatasetConfig:
-    return load_conf("fraud", directory=CONF_DIR).dataset
+def dataset(conf_dir: Path) -> DatasetConfig:
+    return load_conf("fraud", directory=conf_dir).dataset
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ and the Prefect schedules ``insitu deploy`` puts on ``retrain/coordinator``."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,18 +12,15 @@ import yaml
 
 from deployments.cli import check_schedule, validate
 from deployments.deploy import retrain_schedule, retrain_schedules
-from deployments.platform import REPO
 from insitu.conf import ConfigError, DatasetsConfig, ScheduleConfig, load_conf, load_datasets
 
 WEEKLY = {"cron": "0 3 * * 1", "timezone": "Europe/Berlin", "training": "fraud", "active": True}
 
 
 @pytest.fixture
-def conf(tmp_path: Path) -> Path:
-    """A private copy of ``conf/`` whose schedules a test may rewrite."""
-    d = tmp_path / "conf"
-    shutil.copytree(REPO / "conf", d, ignore=shutil.ignore_patterns("e2e-*"))
-    return d
+def conf(conf_copy: Path) -> Path:
+    """A private copy of the fixture ``conf/`` whose schedules a test may rewrite."""
+    return conf_copy
 
 
 def _with_schedules(conf: Path, schedules: list[dict[str, Any]], dataset: str = "fraud") -> Path:
@@ -47,15 +43,15 @@ def _with_min_sites(training_yaml: str, n: int) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
-def _dataset() -> dict[str, Any]:
-    """The demo's fraud dataset without its schedules."""
-    raw = yaml.safe_load((REPO / "conf" / "datasets.yaml").read_text())["datasets"]["fraud"]
+def _dataset(conf: Path) -> dict[str, Any]:
+    """The fraud dataset of ``conf`` without its schedules."""
+    raw = yaml.safe_load((conf / "datasets.yaml").read_text())["datasets"]["fraud"]
     return {k: v for k, v in raw.items() if k != "schedules"}
 
 
 # --------------------------------------------------------------------------- the config
-def test_the_demo_retrains_fraud_weekly_on_monday_night_in_berlin() -> None:
-    (s,) = load_datasets(REPO / "conf" / "datasets.yaml").datasets["fraud"].schedules
+def test_a_schedule_loads_as_written(conf_dir: Path) -> None:
+    (s,) = load_datasets(conf_dir / "datasets.yaml").datasets["fraud"].schedules  # fraud, weekly
     assert s.model_dump() == WEEKLY
 
 
@@ -112,10 +108,9 @@ def test_editing_a_schedule_does_not_change_the_config_hash(conf: Path) -> None:
 
 
 # --------------------------------------------------------------------------- insitu validate
-def test_validate_accepts_the_demo_schedule() -> None:
-    conf = REPO / "conf"
-    (s,) = load_datasets(conf / "datasets.yaml").datasets["fraud"].schedules
-    check_schedule(conf, "fraud", 0, s)
+def test_validate_accepts_a_schedule_of_a_training_that_loads(conf_dir: Path) -> None:
+    (s,) = load_datasets(conf_dir / "datasets.yaml").datasets["fraud"].schedules
+    check_schedule(conf_dir, "fraud", 0, s)
 
 
 def test_validate_refuses_a_schedule_of_an_unknown_training(conf: Path) -> None:
@@ -154,13 +149,14 @@ def test_insitu_validate_fails_on_a_bad_schedule(conf: Path, capsys: pytest.Capt
 
 
 # --------------------------------------------------------------------------- insitu deploy
-def test_each_entry_becomes_one_prefect_schedule_with_its_own_parameters() -> None:
+def test_each_entry_becomes_one_prefect_schedule_with_its_own_parameters(conf_dir: Path) -> None:
+    fraud = _dataset(conf_dir)
     datasets = DatasetsConfig.model_validate({"datasets": {
-        "fraud": {**_dataset(), "schedules": [WEEKLY, {"cron": "0 * * * *", "training": "fraud_single",
-                                                         "active": False}]},
-        "chargebacks": {**_dataset(), "schedules": [{"cron": "15 2 1 * *", "training": "fraud",
-                                                     "timezone": "America/New_York"}]},
-        "quiet": _dataset(),
+        "fraud": {**fraud, "schedules": [WEEKLY, {"cron": "0 * * * *", "training": "fraud_single",
+                                                  "active": False}]},
+        "chargebacks": {**fraud, "schedules": [{"cron": "15 2 1 * *", "training": "fraud",
+                                                "timezone": "America/New_York"}]},
+        "quiet": fraud,
     }})
     got = [(s.cron, s.timezone, s.active, s.parameters) for s in retrain_schedules(datasets)]
     assert got == [
@@ -171,8 +167,8 @@ def test_each_entry_becomes_one_prefect_schedule_with_its_own_parameters() -> No
     assert all(s.slug is None and s.interval is None and s.rrule is None for s in retrain_schedules(datasets))
 
 
-def test_no_schedules_declared_means_none_deployed() -> None:
-    assert retrain_schedules(DatasetsConfig.model_validate({"datasets": {"fraud": _dataset()}})) == []
+def test_no_schedules_declared_means_none_deployed(conf_dir: Path) -> None:
+    assert retrain_schedules(DatasetsConfig.model_validate({"datasets": {"fraud": _dataset(conf_dir)}})) == []
 
 
 def test_prefect_refuses_what_five_fields_cannot_tell() -> None:

@@ -22,13 +22,12 @@ from insitu.models import build_model
 from insitu.parallel.loop import train_epochs
 from insitu.summary import collect_identities, job_summary
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 JOB = "job-7"
 
 
 @pytest.fixture(scope="module")
-def conf() -> JobSpec:
-    return load_job("fraud", directory=CONF_DIR)
+def conf(conf_dir: Path) -> JobSpec:
+    return load_job("fraud", directory=conf_dir)
 
 
 def _ex(tmp_path: Path, writer: str) -> Exchange:

@@ -1,18 +1,15 @@
 """The card-sequence example (``insitu/data/sequences.py``): deterministic and non-IID frames that fit
-``conf/datasets.yaml``'s ``card_sequences`` schema, step-major features, a label that needs the sequence,
+the ``card_sequences`` schema of ``datasets.yaml``, step-major features, a label that needs the sequence,
 the step layout check, and seeding into ``file://`` stores."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
-from deployments.platform import REPO
 from insitu.conf import SchemaConfig, load_conf, load_datasets
 from insitu.data.features import feature_names, featurize
 from insitu.data.schema import validate
@@ -33,8 +30,8 @@ K = 4 + len(CATEGORIES)  # amount, hour, foreign, online + the one-hot merchant 
 
 
 @pytest.fixture(scope="module")
-def schema() -> SchemaConfig:
-    return load_datasets(REPO / "conf" / "datasets.yaml", only="card_sequences").datasets["card_sequences"].schema_
+def schema(conf_dir: Path) -> SchemaConfig:
+    return load_datasets(conf_dir / "datasets.yaml", only="card_sequences").datasets["card_sequences"].schema_
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +125,7 @@ def _reordered(schema: SchemaConfig, names: list[str]) -> SchemaConfig:
                                         "columns": {n: schema.columns[n].model_dump() for n in names}})
 
 
-def test_step_features_accepts_the_schema_and_rejects_a_shuffled_one(schema: SchemaConfig) -> None:
+def test_step_features_accepts_the_schema_and_rejects_a_shuffled_one(schema: SchemaConfig, conf_dir: Path) -> None:
     assert step_features(schema) == K == len(feature_names(schema)) // SEQ_LEN
     names = list(schema.columns)
     # Step 3 lists hour before amount: same columns, other order.
@@ -151,22 +148,15 @@ def test_step_features_accepts_the_schema_and_rejects_a_shuffled_one(schema: Sch
     with pytest.raises(ValueError, match="not a multiple of 8"):
         step_features(_reordered(schema, [n for n in names if n != "online_t5"]))
     # The fraud schema is not a sequence at all.
-    fraud = load_datasets(REPO / "conf" / "datasets.yaml", only="fraud").datasets["fraud"].schema_
+    fraud = load_datasets(conf_dir / "datasets.yaml", only="fraud").datasets["fraud"].schema_
     with pytest.raises(ValueError):
         step_features(fraud)
 
 
 # --------------------------------------------------------------------------- seeding
-def test_seed_card_sequences_writes_clean_shards_per_site(tmp_path: Path) -> None:
-    d = tmp_path / "conf"
-    shutil.copytree(REPO / "conf", d, ignore=shutil.ignore_patterns("e2e-*"))
-    sites = yaml.safe_load((d / "sites.yaml").read_text())
-    sites["exchange"]["storage"] = f"file://{tmp_path}/exchange/"
-    for s in sites["sites"]:
-        s["storage"] = f"file://{tmp_path}/stores/{s['name']}/"
-    (d / "sites.yaml").write_text(yaml.safe_dump(sites, sort_keys=False))
+def test_seed_card_sequences_writes_clean_shards_per_site(file_conf: Path) -> None:
     # No training config of its own yet: the pair is checked with fraud's, as `insitu seed` does.
-    c = load_conf("fraud", "card_sequences", d)
+    c = load_conf("fraud", "card_sequences", file_conf)
     out = seed(c, rows_per_site=900, seed=5, corrupt_shard="last", malformed_fraction=0.1)
     assert {s.site for s in c.dataset.shards} == {"eu", "us", "apac"}
     assert set(out) == {s.id for s in c.dataset.shards}

@@ -5,7 +5,6 @@ cross-check of task against label."""
 from __future__ import annotations
 
 import math
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,6 @@ from insitu.job import load_job
 from insitu.metrics import withheld
 from insitu.specs import TASKS, TaskSpec, task_for_label
 
-REPO = Path(__file__).resolve().parents[2]
 CLASSES = ["a", "b", "c", "d", "e"]
 
 
@@ -309,10 +307,9 @@ def test_task_refuses_a_label_of_the_wrong_type() -> None:
 
 # --------------------------------------------------------------------------- configuration
 @pytest.fixture
-def conf(tmp_path: Path) -> Path:
-    d = tmp_path / "conf"
-    shutil.copytree(REPO / "conf", d, ignore=shutil.ignore_patterns("e2e-*"))
-    return d
+def conf(conf_copy: Path) -> Path:
+    """A private copy of the fixture ``conf/`` that a test adds its training configs (and a dataset) to."""
+    return conf_copy
 
 
 def _training(conf: Path, name: str, **changes: Any) -> Path:

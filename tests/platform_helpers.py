@@ -1,0 +1,162 @@
+"""What the end-to-end (tests/e2e) and security (tests/security) tests do on the running platform, written once:
+start a deployment's flow run and wait for it, read its logs, cancel a job with its site runs, open a store with
+its owner's keys, read a job's summary, audit events and MLflow parent run, write a training config of a test's own.
+
+Plain functions, imported as ``from platform_helpers import …`` (pytest puts ``tests/`` on the path for
+``tests/conftest.py``); the fixtures that start the platform are in ``tests/conftest.py``. Prefect's client here
+talks to the platform because the ``platform`` fixture points Prefect's settings at it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import yaml
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, LogFilter, LogFilterFlowRunId
+from prefect.client.schemas.objects import FlowRun
+from prefect.states import Cancelling
+
+from deployments.platform import COORDINATOR, Platform
+from insitu.governance.audit import read_events
+from insitu.storage import Store
+
+RETRAIN = "retrain/coordinator"
+EXCHANGE = "insitu-exchange"  # the exchange's bucket in the shipped conf/sites.yaml
+
+
+# --------------------------------------------------------------------------- flow runs
+def start_flow_run(deployment: str, parameters: dict[str, Any] | None = None, **options: Any) -> UUID:
+    """Create a run of ``deployment`` (``flow/name``) as the UI's Run button does: without ``parameters`` it runs
+    with the deployment's defaults; ``options`` go to ``create_flow_run_from_deployment`` (``job_variables``)."""
+    with get_client(sync_client=True) as c:
+        dep = c.read_deployment_by_name(deployment)
+        return c.create_flow_run_from_deployment(dep.id, parameters=parameters, **options).id
+
+
+def start_retrain(params: dict[str, Any]) -> UUID:
+    """A ``retrain`` run with these ``RetrainParams`` (training, dataset, job_id, request, …)."""
+    return start_flow_run(RETRAIN, {"params": params})
+
+
+def wait_for_flow_runs(flow_run_ids: list[UUID], timeout: float, poll_s: float = 1.0) -> list[FlowRun]:
+    """The runs once every one is final, or as they are when ``timeout`` seconds have passed: the caller judges
+    each one (so one run that hangs does not hide how the others ended)."""
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as c:
+        while True:
+            runs = [c.read_flow_run(i) for i in flow_run_ids]
+            if all(r.state and r.state.is_final() for r in runs) or time.monotonic() > deadline:
+                return runs
+            time.sleep(poll_s)
+
+
+def wait_for_flow_run(flow_run_id: UUID, timeout: float, poll_s: float = 1.0) -> FlowRun:
+    """The run once it is final; fails the test when it is not final after ``timeout`` seconds."""
+    (run,) = wait_for_flow_runs([flow_run_id], timeout, poll_s)
+    assert run.state and run.state.is_final(), f"flow run {run.name} ({run.id}) still {run.state_name} " \
+                                               f"after {timeout:.0f}s"
+    return run
+
+
+def run_flow(deployment: str, parameters: dict[str, Any] | None = None, timeout: float = 300,
+             poll_s: float = 1.0, **options: Any) -> FlowRun:
+    """Start a run of ``deployment`` (see :func:`start_flow_run`) and wait until it is final."""
+    return wait_for_flow_run(start_flow_run(deployment, parameters, **options), timeout, poll_s)
+
+
+def flow_runs_named(name: str, exact: bool = False) -> list[FlowRun]:
+    """The flow runs whose name contains ``name`` (a job id names all of its site runs), or equals it."""
+    match = FlowRunFilterName(any_=[name]) if exact else FlowRunFilterName(like_=name)
+    with get_client(sync_client=True) as c:
+        return c.read_flow_runs(flow_run_filter=FlowRunFilter(name=match))
+
+
+def flow_run_logs(flow_run_ids: list[UUID]) -> list[str]:
+    """Every log message of these flow runs."""
+    with get_client(sync_client=True) as c:
+        return [log.message for log in c.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(
+            any_=flow_run_ids)))]
+
+
+def cancel_job(flow_run_id: UUID, job_id: str, timeout: float = 300) -> FlowRun:
+    """Cancel a ``retrain`` run and every site run of its job, as the UI's "cancel sub flow runs" does.
+
+    Returns the ``retrain`` run once final, after every site run is final too: no old site run may still be
+    alive when a re-run of the job starts.
+    """
+    with get_client(sync_client=True) as c:
+        site_runs = c.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=job_id)))
+        for r in [c.read_flow_run(flow_run_id), *site_runs]:
+            if not r.state.is_final():
+                c.set_flow_run_state(r.id, Cancelling(), force=True)
+    cancelled = wait_for_flow_run(flow_run_id, timeout)
+    for r in site_runs:
+        wait_for_flow_run(r.id, timeout)
+    return cancelled
+
+
+# --------------------------------------------------------------------------- stores and what jobs leave there
+def coordinator_exchange(platform: Platform) -> Store:
+    """The exchange, opened with the coordinator's keys (it may read every writer's artefacts)."""
+    return Store(f"s3://{EXCHANGE}/", platform.storage_options("exchange", COORDINATOR))
+
+
+def site_store(platform: Platform, site: str) -> Store:
+    """A site's own store, opened with that site's own keys."""
+    return Store(f"s3://insitu-{site}/", platform.storage_options(site, site))
+
+
+def wait_for_file(store: Store, path: str, timeout: float, never: str) -> None:
+    """Poll ``store`` until ``path`` (a full fsspec path) exists; fail with ``never`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not store.fs.exists(path):
+        assert time.monotonic() < deadline, never
+        store.fs.invalidate_cache()
+        time.sleep(0.2)
+
+
+def job_summary(platform: Platform, job_id: str) -> dict[str, Any]:
+    """The summary the coordinator published on the exchange at the end of ``job_id``."""
+    return json.loads(coordinator_exchange(platform).fs.cat(
+        f"{EXCHANGE}/jobs/{job_id}/summary/coordinator/summary.json"))
+
+
+def job_events(platform: Platform, actor: str, job_id: str, *events: str) -> list[dict[str, Any]]:
+    """``actor``'s audit events about ``job_id``, oldest first; only those named ``events`` when given."""
+    return [e for e in read_events(platform.audit_log(actor))
+            if e["fields"].get("job_id") == job_id and (not events or e["event"] in events)]
+
+
+def parent_run(client: MlflowClient, job_id: str, experiment: str = "insitu-fraud") -> Run:
+    """The job's MLflow parent run (each site's run is its child); fails unless there is exactly one."""
+    exp = client.get_experiment_by_name(experiment)
+    (run,) = [r for r in client.search_runs([exp.experiment_id], f"tags.job_id = '{job_id}'")
+              if "mlflow.parentRunId" not in r.data.tags]
+    return run
+
+
+# --------------------------------------------------------------------------- a test's own training configs
+def shipped_training(conf_dir: Path, name: str) -> dict[str, Any]:
+    """A training config of the platform's ``conf/training/``, as a dict for a test to change."""
+    return yaml.safe_load((conf_dir / "training" / f"{name}.yaml").read_text())
+
+
+def e2e_name(tag: str) -> str:
+    """A fresh name for a test's own config, job or model: ``e2e-<tag>-<6 hex>`` (git ignores ``e2e-*.yaml``)."""
+    return f"e2e-{tag}-{uuid.uuid4().hex[:6]}"
+
+
+def write_training(directory: Path, name: str, cfg: dict[str, Any]) -> Path:
+    """``cfg`` written as ``<directory>/<name>.yaml``: a run may name only configs of the platform's
+    ``conf/training/`` (the ``shared_conf`` fixture), so that is where ``directory`` is."""
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
