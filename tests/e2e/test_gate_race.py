@@ -14,8 +14,8 @@ from prefect import flow
 
 from deployments.deploy import ensure_registry_lock
 from deployments.platform import Platform
-from insitu.conf import load_conf
 from insitu.gate import Promotion
+from insitu.job import load_job
 from tasks.promotion import gate_and_promote
 from tasks.registration import Champion
 
@@ -48,7 +48,7 @@ def promote(conf: Any, version: str, pr_auc: float, champion_version: str) -> Pr
 def _setup(platform: Platform) -> tuple[Any, MlflowClient, str, str, str, str]:
     name = f"race-{uuid.uuid4().hex[:6]}"
     ensure_registry_lock(name)
-    conf = load_conf("fraud", directory=platform.conf_dir, overrides={"registry": {"model_name": name}})
+    conf = load_job("fraud", directory=platform.conf_dir, overrides={"registry": {"model_name": name}})
     client = MlflowClient(platform.mlflow_url)
     mlflow.set_tracking_uri(platform.mlflow_url)
     mlflow.set_experiment("gate-race")  # its own (the coordinator may write only what it created)
@@ -60,7 +60,7 @@ def _setup(platform: Platform) -> tuple[Any, MlflowClient, str, str, str, str]:
 
 def test_stale_candidate_is_judged_against_the_new_champion(platform: Platform) -> None:
     conf, client, name, v1, better, worse = _setup(platform)
-    assert promote(conf, better, 0.50, v1)["passed"]
+    assert promote(conf, better, 0.50, v1).passed
     d = promote(conf, worse, 0.40, v1)  # it beat v1, but v(better) is champion now
     assert not d.passed and d.previous_champion == better
     assert client.get_model_version_by_alias(name, "champion").version == better
@@ -73,9 +73,9 @@ def test_stale_candidate_is_judged_against_the_new_champion(platform: Platform) 
 def test_concurrent_promotions_leave_the_best_as_champion(platform: Platform) -> None:
     for _ in range(2):
         conf, client, name, v1, better, worse = _setup(platform)
-        results: dict[str, dict[str, Any]] = {}
+        results: dict[str, Promotion] = {}
 
-        def run(conf: Any, v: str, m: float, v1: str, results: dict[str, dict[str, Any]]) -> None:
+        def run(conf: Any, v: str, m: float, v1: str, results: dict[str, Promotion]) -> None:
             results[v] = promote(conf, v, m, v1)
 
         # Each thread gets a copy of this context, so it sees the platform's Prefect settings.
@@ -87,4 +87,4 @@ def test_concurrent_promotions_leave_the_best_as_champion(platform: Platform) ->
             t.join(timeout=300)
         assert set(results) == {better, worse}
         assert client.get_model_version_by_alias(name, "champion").version == better
-        assert results[better]["passed"]
+        assert results[better].passed

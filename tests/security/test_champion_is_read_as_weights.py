@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 from prefect import flow
 
 from deployments.platform import COORDINATOR, Platform
-from insitu.conf import load_conf
+from insitu.job import load_job
 from tasks.registration import WEIGHTS_DIR, WEIGHTS_FILE, load_champion
 
 pytestmark = pytest.mark.e2e
@@ -59,7 +59,7 @@ def _champion(platform: Platform, payload: bytes, record_sha: bool) -> Any:
     if record_sha:
         client.set_model_version_tag(name, mv.version, "weights_sha256", hashlib.sha256(payload).hexdigest())
     client.set_registered_model_alias(name, "champion", mv.version)
-    return load_conf("fraud", directory=platform.conf_dir, overrides={"registry": {"model_name": name}})
+    return load_job("fraud", directory=platform.conf_dir, overrides={"registry": {"model_name": name}})
 
 
 def test_a_pickled_champion_never_runs(platform: Platform, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
