@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from insitu.federated.integrity import aggregated_sha256, registration_refusal
 from insitu.federated.quorum import quorum_refusal
 from insitu.governance.job_request import job_request
 from insitu.governance.request import RequestError, SignedRequest, new_request
@@ -67,3 +68,14 @@ def test_an_expired_request_is_refused() -> None:
     with pytest.raises(RequestError, match="the job's request does not cover this run: the request is valid from"):
         job_request(signed(), job_id="job-1", training="fraud", dataset="fraud", training_hash=HASH, overrides={},
                     now=NOW + timedelta(days=2))
+
+
+def test_only_the_weights_this_coordinator_aggregated_are_registered() -> None:
+    results = [{"sha256": "1" * 64}, {"sha256": "2" * 64}]
+    assert aggregated_sha256(results, 2) == "2" * 64
+    assert aggregated_sha256(results, 0) is None  # the initial weights: no round made them
+    assert registration_refusal("round-0002", "2" * 64, "2" * 64) is None
+    assert registration_refusal("round-0000", "9" * 64, None) is None
+    assert registration_refusal("round-0002", "9" * 64, "2" * 64) == (
+        "the weights of round-0002 on the exchange (999999999999…) are not the ones this coordinator aggregated "
+        "(222222222222…); refusing to register them")
