@@ -19,23 +19,22 @@ from pydantic import BaseModel, Field
 
 from insitu.conf import JOB_ID_PATTERN, TrainingConfig, load_training, trusted_training
 from insitu.federated.aggregators import build_aggregator
+from insitu.federated.asynchronous import update_limit
 from insitu.federated.coordinator import RoundsOutcome, run_rounds
 from insitu.federated.exchange import Exchange
+from insitu.federated.integrity import aggregated_sha256, registration_refusal
 from insitu.federated.job import resume_refusal, shard_plan, sites_prepared_before
 from insitu.federated.kinds import COORDINATOR, MAX_UPDATE_NORM
 from insitu.federated.paths import ABORT, CHAMPION, GLOBAL_STATS, PLAN, PREPARE_STATS, SUMMARY, global_weights
+from insitu.federated.quorum import quorum_refusal
+from insitu.federated.site_rounds import site_wait_timeout_s
 from insitu.federated.validation import RoundValidation, Selection
 from insitu.gate import Promotion
+from insitu.governance import job_request as request_rule
 from insitu.governance.approvals import approvals_dir, find_approval
 from insitu.governance.audit_service import Auditor
-from insitu.governance.request import (
-    ACTIONS,
-    RequestError,
-    SignedRequest,
-    parse_signed,
-    scope_refusal,
-    training_sha256,
-)
+from insitu.governance.identity import Identity
+from insitu.governance.request import RequestError, SignedRequest, parse_signed, training_sha256
 from insitu.job import JobSpec, load_job
 from insitu.storage import store_from_env
 from insitu.summary import collect_identities, job_summary, summary_markdown, withheld_by_floor
@@ -44,7 +43,7 @@ from tasks.context import actor_identity, ran_as
 from tasks.dispatch import failed, run_states, start_site_runs, wait_for_runs
 from tasks.evaluate import read_evaluations
 from tasks.federation import FederatedRounds, publish_global_stats, publish_initial_weights
-from tasks.federation_async import run_async, update_limit
+from tasks.federation_async import run_async
 from tasks.figures import log_figures
 from tasks.mlflow_runs import (
     finish_runs,
@@ -84,11 +83,11 @@ class Job:
     started: datetime
     overrides: dict[str, Any]
     conf: JobSpec
-    ident: Any
-    fr_id: str | None
+    identity: Identity  # the coordinator's, from its worker's own identity file
+    flow_run_id: str | None
     audit: Auditor
     signed: SignedRequest
-    ex: Exchange
+    exchange: Exchange
 
     @property
     def training(self) -> TrainingConfig:
@@ -123,18 +122,18 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
     job = open_job(params)
     plan = plan_job(job)
     sites = prepare(job, plan)
-    stats = publish_global_stats(job.ex, job.conf, sites)
-    publish_initial_weights(job.ex, job.conf, stats["norm"])
-    mlruns = start_runs(job.conf, job.job_id, sites, job.fr_id)
+    stats = publish_global_stats(job.exchange, job.conf, sites)
+    publish_initial_weights(job.exchange, job.conf, stats["norm"])
+    mlruns = start_runs(job.conf, job.job_id, sites, job.flow_run_id)
     # System metrics (CPU, memory) of the coordinator are recorded on the parent run while it is active.
     with mlflow.start_run(run_id=mlruns["parent"], log_system_metrics=True):
         outcome = train(job, sites, mlruns)
         evaluated = evaluate(job, sites, outcome, stats["norm"]["features"])
-        reg = register(job, mlruns, outcome, evaluated, stats["norm"], sites)
-    decision = gate_and_promote(job.conf, job.job_id, reg.version, evaluated.global_metrics,
-                                evaluated.site_metrics, evaluated.champion, evaluated.champion_global,
-                                evaluated.champion_sites)
-    return finish(job, mlruns, reg, decision, sites, stats, outcome, evaluated)
+        registration = register(job, mlruns, outcome, evaluated, stats["norm"], sites)
+    promotion = gate_and_promote(job.conf, job.job_id, registration.version, evaluated.global_metrics,
+                                 evaluated.site_metrics, evaluated.champion, evaluated.champion_global,
+                                 evaluated.champion_sites)
+    return finish(job, mlruns, registration, promotion, sites, stats, outcome, evaluated)
 
 
 def open_job(params: RetrainParams) -> Job:
@@ -144,38 +143,40 @@ def open_job(params: RetrainParams) -> Job:
     overrides = {k: v for k, v in {"rounds": params.rounds, "local_epochs": params.local_epochs,
                                     "batch_size": params.batch_size}.items() if v is not None}
     conf = load_job(trusted_training(params.training), params.dataset, overrides=overrides or None)
-    ident, fr_id = actor_identity("coordinator", job_id)
-    audit = ident.audit()
-    signed = job_request(params, job_id, overrides, audit, fr_id)
-    ex = Exchange(store_from_env(conf.sites.exchange, "exchange"), job_id, writer=COORDINATOR)
-    return Job(params, job_id, started, overrides, conf, ident, fr_id, audit, signed, ex)
+    identity, flow_run_id = actor_identity("coordinator", job_id)
+    audit = identity.audit()
+    signed = job_request(params, job_id, overrides, audit, flow_run_id)
+    exchange = Exchange(store_from_env(conf.sites.exchange, "exchange"), job_id, writer=COORDINATOR)
+    return Job(params, job_id, started, overrides, conf, identity, flow_run_id, audit, signed, exchange)
 
 
 def plan_job(job: Job) -> dict[str, list[str]]:
     """Map each shard to the site it is pinned to; publish the plan (a re-run resumes only under the same
     configuration); audit it; show it as an artifact."""
-    conf, ex = job.conf, job.ex
+    conf, exchange = job.conf, job.exchange
     plan = shard_plan(conf)
-    before = ex.get_json(PLAN) if ex.exists(PLAN) else None  # a re-run of this job resumes it …
+    before = exchange.get_json(PLAN) if exchange.exists(PLAN) else None  # a re-run of this job resumes it …
     refusal = resume_refusal(before, conf.config_hash, job.job_id, job.params.training, job.overrides)
     if refusal:  # … only under the same configuration
         raise ValueError(refusal)
     if before is not None:
         get_run_logger().info("job %s exists: resuming it (finished rounds are reused)", job.job_id)
-    ex.put_json(PLAN, {"job_id": job.job_id, "dataset": conf.dataset_name, "shards": plan,
-                       "config_hash": conf.config_hash, "training": job.training.model_dump(mode="json")})
-    req = job.signed.request
-    job.audit.append("job.planned", job_id=job.job_id, flow_run_id=job.fr_id, shards=plan,
-                     config_hash=conf.config_hash, claimed_principal=req.principal, purpose=req.purpose,
-                     request=job.signed.digest(), standing=req.standing)
+    exchange.put_json(PLAN, {"job_id": job.job_id, "dataset": conf.dataset_name, "shards": plan,
+                             "config_hash": conf.config_hash, "training": job.training.model_dump(mode="json")})
+    request = job.signed.request
+    job.audit.append("job.planned", job_id=job.job_id, flow_run_id=job.flow_run_id, shards=plan,
+                     config_hash=conf.config_hash, claimed_principal=request.principal, purpose=request.purpose,
+                     request=job.signed.digest(), standing=request.standing)
     create_markdown_artifact(
         key="retrain-plan",
         markdown="## Plan for job `" + job.job_id + "`\n\n"
-        f"Requested by `{req.principal}` (each site verifies the signature) for *{req.purpose}* "
-        f"({'standing approval' if req.standing else 'signed job request'}, request `{job.signed.digest()[:12]}`); "
+        f"Requested by `{request.principal}` (each site verifies the signature) for *{request.purpose}* "
+        f"({'standing approval' if request.standing else 'signed job request'}, "
+        f"request `{job.signed.digest()[:12]}`); "
         "each site decides it with its own policy.\n\n"
         "| site | pool | shards |\n|---|---|---|\n" + "\n".join(
-            f"| {s} | {conf.sites.site(s).work_pool} | {', '.join(ids)} |" for s, ids in plan.items()),
+            f"| {site} | {conf.sites.site(site).work_pool} | {', '.join(shard_ids)} |"
+            for site, shard_ids in plan.items()),
         description=f"insitu plan {job.job_id}",
     )
     return plan
@@ -184,106 +185,113 @@ def plan_job(job: Job) -> dict[str, list[str]]:
 def prepare(job: Job, plan: dict[str, list[str]]) -> list[str]:
     """``site-prepare`` on every site's pool in parallel (or the job's earlier preparation); the sites that
     prepared, at least the quorum."""
-    reused = sites_prepared_before(job.ex.exists(GLOBAL_STATS),
-                                   {s: job.ex.exists(PREPARE_STATS, writer=s) for s in plan})
+    reused = sites_prepared_before(job.exchange.exists(GLOBAL_STATS),
+                                   {site: job.exchange.exists(PREPARE_STATS, writer=site) for site in plan})
     if reused is not None:
         get_run_logger().info("job %s was prepared before on %s; reusing that preparation", job.job_id, reused)
         return reused
-    ids = start_site_runs("site-prepare", {s: {**job.common, "shards": shards} for s, shards in plan.items()},
-                          job.pools)
-    bad = failed(wait_for_runs(ids, job.params.phase_timeout_s))
-    sites = [s for s in plan if s not in bad]
-    _check_quorum("prepare", sites, bad, job.training.federation.min_sites, job.audit, job.job_id)
+    run_ids = start_site_runs("site-prepare",
+                              {site: {**job.common, "shards": shards} for site, shards in plan.items()}, job.pools)
+    failures = failed(wait_for_runs(run_ids, job.params.phase_timeout_s))
+    sites = [site for site in plan if site not in failures]
+    require_quorum(job, "prepare", sites, failures)
     return sites
 
 
 def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> RoundsOutcome:
     """One long-lived ``site-train`` run per site; the rounds (insitu.federated.coordinator.run_rounds) exchange
     through the exchange; each round logged to MLflow and the progress artifact; the selected round audited."""
-    logger, t, ex = get_run_logger(), job.training, job.ex
+    logger, training, exchange = get_run_logger(), job.training, job.exchange
     progress = create_progress_artifact(progress=0.0, key="retrain-progress",
                                         description=f"federated rounds of job {job.job_id}")
-    ex.delete(ABORT)  # a re-run of an aborted job starts clean
+    exchange.delete(ABORT)  # a re-run of an aborted job starts clean
     # When the phase started and when its last global model was made: the wall time of the job's updates,
     # which is what sync and async mode are compared by (bench/async_vs_sync.py, tests/e2e/test_async.py).
     marks = {"start": time.monotonic()}
-    # Sites wait for each round's weights a little longer than the coordinator waits for them.
-    wait_s = 2 * t.federation.round_deadline_s + 300
-    ids = start_site_runs("site-train", {s: {**job.common, "wait_timeout_s": wait_s} for s in sites}, job.pools)
+    wait_s = site_wait_timeout_s(training.federation.round_deadline_s)
+    run_ids = start_site_runs("site-train", {site: {**job.common, "wait_timeout_s": wait_s} for site in sites},
+                              job.pools)
 
     def alive(site: str) -> bool:
-        st = run_states({site: ids[site]})[site].state
-        return not (st and st.is_final())
+        state = run_states({site: run_ids[site]})[site].state
+        return not (state and state.is_final())
 
     logged = logged_rounds(mlruns)
-    task = job.conf.task
-    selection = Selection(task.gate_metric(t.validation.metric or t.gate.primary_metric), t.validation)
+    learning_task = job.conf.task
+    selection = Selection(learning_task.gate_metric(training.validation.metric or training.gate.primary_metric),
+                          training.validation)
 
-    def record(rnd: int, result: dict[str, Any] | None, val: RoundValidation | None,
-               val_sites: dict[str, dict[str, Any]]) -> None:
+    def record(rnd: int, result: dict[str, Any] | None, validation: RoundValidation | None,
+               validation_by_site: dict[str, dict[str, Any]]) -> None:
         if result is not None:
             log_round(mlruns, rnd, result, logged)  # once per round and run, whichever attempt gets there
-            update_progress_artifact(progress, progress=100.0 * (rnd + 1) / t.rounds)
+            update_progress_artifact(progress, progress=100.0 * (rnd + 1) / training.rounds)
             marks["updates_done"] = time.monotonic()
-        if val is not None:
-            log_validation(mlruns, rnd, val, val_sites, logged)
-            logger.info("global model %d: validation %s %.4f (from %s)", rnd, selection.metric.name, val.value,
-                        val.sites)
+        if validation is not None:
+            log_validation(mlruns, rnd, validation, validation_by_site, logged)
+            logger.info("global model %d: validation %s %.4f (from %s)", rnd, selection.metric.name,
+                        validation.value, validation.sites)
 
     def record_version(result: dict[str, Any]) -> None:  # async mode: one applied global version
         log_async_version(mlruns, result, logged)
-        update_progress_artifact(progress, progress=100.0 * (result["round"] + 1) / t.rounds)
+        update_progress_artifact(progress, progress=100.0 * (result["round"] + 1) / training.rounds)
         marks["updates_done"] = time.monotonic()
 
-    def record_validation(version: int, val: RoundValidation, val_sites: dict[str, dict[str, Any]]) -> None:
-        record(version, None, val, val_sites)
+    def record_validation(version: int, validation: RoundValidation,
+                          validation_by_site: dict[str, dict[str, Any]]) -> None:
+        record(version, None, validation, validation_by_site)
 
     try:
-        if t.federation.mode == "async":
-            outcome = run_async(ex, sites, t, task, selection, alive, job.audit, job.fr_id, record_version,
-                                record_validation)
+        if training.federation.mode == "async":
+            outcome = run_async(exchange, sites, training, learning_task, selection, alive, job.audit,
+                                job.flow_run_id, record_version, record_validation)
         else:
-            aggregator = build_aggregator(t.aggregator.name, t.aggregator.options, max_update_norm=MAX_UPDATE_NORM)
-            outcome = run_rounds(FederatedRounds(ex, sites, t, task, aggregator, alive, record), t.rounds, selection)
+            aggregator = build_aggregator(training.aggregator.name, training.aggregator.options,
+                                          max_update_norm=MAX_UPDATE_NORM)
+            rounds = FederatedRounds(exchange, sites, training, learning_task, aggregator, alive, record)
+            outcome = run_rounds(rounds, training.rounds, selection)
     except Exception as e:
         # Tell the sites to stop waiting for weights that will not come, and free their workers.
-        ex.put_abort(f"{type(e).__name__}: {e}")
+        exchange.put_abort(f"{type(e).__name__}: {e}")
         job.audit.append("job.failed", job_id=job.job_id, phase="train", reason=str(e))
         raise
-    for s, why in failed(wait_for_runs(ids, job.params.phase_timeout_s)).items():
-        logger.warning("site-train on %s did not complete: %s", s, why)
+    for site, why in failed(wait_for_runs(run_ids, job.params.phase_timeout_s)).items():
+        logger.warning("site-train on %s did not complete: %s", site, why)
     if "updates_done" in marks:
         wall = marks["updates_done"] - marks["start"]
         log_phase_time(mlruns["parent"], "updates_wall_s", wall)
-        logger.info("%s mode: %d global model(s) made in %.1fs", t.federation.mode, outcome.last, wall)
+        logger.info("%s mode: %d global model(s) made in %.1fs", training.federation.mode, outcome.last, wall)
     logger.info("registering global model %d of %d: %s", outcome.selected, outcome.last, outcome.reason)
-    job.audit.append("job.selected", job_id=job.job_id, flow_run_id=job.fr_id, round=outcome.selected,
+    job.audit.append("job.selected", job_id=job.job_id, flow_run_id=job.flow_run_id, round=outcome.selected,
                      last=outcome.last, reason=outcome.reason, stopped_early=outcome.stopped_early)
     return outcome
 
 
 def evaluate(job: Job, sites: list[str], outcome: RoundsOutcome, features: list[str]) -> Evaluated:
-    """Every site scores the selected model and the current champion on its own test split; the task combines
-    the sites' metrics."""
-    t, ex, task = job.training, job.ex, job.conf.task
+    """Every site scores the selected model and the current champion on its own test split; the learning task
+    combines the sites' metrics."""
+    training, exchange, learning_task = job.training, job.exchange, job.conf.task
     champion = load_champion(job.conf, features)
     final = global_weights(outcome.selected).name  # as the sites' evaluations name it
     names = [final]
     if champion:
-        ex.put_state(CHAMPION, champion.state, version=champion.version)
+        exchange.put_state(CHAMPION, champion.state, version=champion.version)
         names.append(CHAMPION.name)
-    ids = start_site_runs("site-evaluate", {s: {**job.common, "weights": names} for s in sites}, job.pools)
-    bad = failed(wait_for_runs(ids, job.params.phase_timeout_s))
-    eval_sites = [s for s in sites if s not in bad]
-    _check_quorum("evaluate", eval_sites, bad, t.federation.min_sites, job.audit, job.job_id)
-    raw = read_evaluations(ex, eval_sites, t.rounds, update_limit(t))
-    champ = {s: m[CHAMPION.name] for s, m in raw.items()} if champion else None
+    run_ids = start_site_runs("site-evaluate", {site: {**job.common, "weights": names} for site in sites},
+                              job.pools)
+    failures = failed(wait_for_runs(run_ids, job.params.phase_timeout_s))
+    evaluated_sites = [site for site in sites if site not in failures]
+    require_quorum(job, "evaluate", evaluated_sites, failures)
+    by_site = read_evaluations(exchange, evaluated_sites, training.rounds, update_limit(training))
+    candidate = {site: models[final] for site, models in by_site.items()}
+    champion_by_site = {site: models[CHAMPION.name] for site, models in by_site.items()} if champion else None
     return Evaluated(
-        sites=eval_sites, raw={s: m[final] for s, m in raw.items()},
-        site_metrics={s: _numbers(m[final]) for s, m in raw.items()},
-        global_metrics=task.global_metrics({s: m[final] for s, m in raw.items()}),
-        champion=champion, champion_sites={s: _numbers(m) for s, m in champ.items()} if champ else None,
-        champion_global=task.global_metrics(champ) if champ else None)
+        sites=evaluated_sites, raw=candidate,
+        site_metrics={site: _numbers(metrics) for site, metrics in candidate.items()},
+        global_metrics=learning_task.global_metrics(candidate),
+        champion=champion,
+        champion_sites={site: _numbers(m) for site, m in champion_by_site.items()} if champion_by_site else None,
+        champion_global=learning_task.global_metrics(champion_by_site) if champion_by_site else None)
 
 
 def register(job: Job, mlruns: dict[str, str], outcome: RoundsOutcome, evaluated: Evaluated, norm: dict[str, Any],
@@ -291,83 +299,74 @@ def register(job: Job, mlruns: dict[str, str], outcome: RoundsOutcome, evaluated
     """Register the selected model (checked to be the one this coordinator aggregated) with its metrics and
     lineage; log the figures."""
     selected = global_weights(outcome.selected)
-    state, man = job.ex.get_state(selected, writer=COORDINATOR)
-    made = outcome.results[outcome.selected - 1]["sha256"] if outcome.selected > 0 else None
-    if made and man["sha256"] != made:
-        raise RuntimeError(f"the weights of {selected.name} on the exchange ({man['sha256'][:12]}…) are not the ones "
-                           f"this coordinator aggregated ({made[:12]}…); refusing to register them")
-    reg = register_model(job.conf, job.job_id, mlruns, state, norm, evaluated.site_metrics,
+    state, manifest = job.exchange.get_state(selected, writer=COORDINATOR)
+    refusal = registration_refusal(selected.name, manifest["sha256"],
+                                   aggregated_sha256(outcome.results, outcome.selected))
+    if refusal:
+        raise RuntimeError(refusal)
+    registration = register_model(job.conf, job.job_id, mlruns, state, norm, evaluated.site_metrics,
                          evaluated.global_metrics, sites,
                          selection={"round": outcome.selected, "of": outcome.last, "reason": outcome.reason,
                                     "metric": outcome.selection.metric.name})
     log_figures(mlruns["parent"], evaluated.raw, evaluated.site_metrics, list(job.conf.task.summary_metrics))
-    return reg
+    return registration
 
 
-def finish(job: Job, mlruns: dict[str, str], reg: Registration, promotion: Promotion, sites: list[str],
+def finish(job: Job, mlruns: dict[str, str], registration: Registration, promotion: Promotion, sites: list[str],
            stats: dict[str, Any], outcome: RoundsOutcome, evaluated: Evaluated) -> dict[str, Any]:
     """Close the MLflow runs, audit the registration and the gate, countersign the sites' audit heads, and
     publish the job's summary."""
-    logger, t = get_run_logger(), job.training
+    logger, training = get_run_logger(), job.training
     finish_runs(mlruns, promotion)
-    job.audit.append("model.registered", job_id=job.job_id, flow_run_id=job.fr_id, **reg.as_dict())
-    job.audit.append("model.gate", job_id=job.job_id, flow_run_id=job.fr_id, model=reg.model_name,
-                     version=reg.version, passed=promotion.passed, reason=promotion.reason,
+    job.audit.append("model.registered", job_id=job.job_id, flow_run_id=job.flow_run_id, **registration.as_dict())
+    job.audit.append("model.gate", job_id=job.job_id, flow_run_id=job.flow_run_id, model=registration.model_name,
+                     version=registration.version, passed=promotion.passed, reason=promotion.reason,
                      champion=promotion.champion, previous_champion=promotion.previous_champion)
-    reg = replace(reg, alias=promotion.alias)  # where the gate left it
-    countersign(job.audit, job.ex.store, sites, job.job_id)
-    identities = collect_identities(job.ex, ran_as(job.ident), sites, evaluated.sites, t.rounds)
+    registration = replace(registration, alias=promotion.alias)  # where the gate left it
+    countersign(job.audit, job.exchange.store, sites, job.job_id)
+    identities = collect_identities(job.exchange, ran_as(job.identity), sites, evaluated.sites, training.rounds)
     withheld = withheld_by_floor({s: {"model": m} for s, m in evaluated.raw.items()}, "model")
     for what, left_out in withheld.items():
         if left_out:
             logger.warning("the row floor left %s out of the %s", left_out, what)
     summary = job_summary(job.job_id, job.conf, stats["per_site"], outcome.results, evaluated.site_metrics,
-                          evaluated.global_metrics, {**reg.as_dict(), "gate": promotion.as_record()},
-                          job.ex.ledger(), job.started, identities, withheld,
+                          evaluated.global_metrics, {**registration.as_dict(), "gate": promotion.as_record()},
+                          job.exchange.ledger(), job.started, identities, withheld,
                           selection=outcome)
-    job.ex.put_json(SUMMARY, summary)
+    job.exchange.put_json(SUMMARY, summary)
     create_markdown_artifact(key="retrain-summary", markdown=summary_markdown(summary),
                              description=f"insitu job {job.job_id}")
-    primary = job.conf.task.gate_metric(t.gate.primary_metric).name
-    logger.info("job %s done: %s v%s (%s), global %s %.4f; gate: %s", job.job_id, reg.model_name, reg.version,
-                reg.alias, primary, evaluated.global_metrics.get(primary, float("nan")), promotion.reason)
+    primary = job.conf.task.gate_metric(training.gate.primary_metric).name
+    logger.info("job %s done: %s v%s (%s), global %s %.4f; gate: %s", job.job_id, registration.model_name,
+                registration.version, registration.alias, primary, evaluated.global_metrics.get(primary, float("nan")),
+                promotion.reason)
     return summary
 
 
 def job_request(params: RetrainParams, job_id: str, overrides: dict[str, Any], audit: Auditor,
-                fr_id: str | None) -> SignedRequest:
-    """The signed request this job runs under: the one passed in, else the standing approval (checked here
-    so a request every site would refuse fails at once; each site still decides with its own policy)."""
+                flow_run_id: str | None) -> SignedRequest:
+    """The signed request this job runs under: the one passed in, else the standing approval, if it covers this
+    run (:func:`insitu.governance.job_request.job_request`); a refusal is audited before it is raised."""
     try:
         if params.request:
-            signed = parse_signed(params.request)
+            given = parse_signed(params.request)
         else:
-            signed = find_approval(approvals_dir(), params.training, params.dataset)
-            if signed is None:
-                raise RequestError(
-                    f"no signed request and no standing approval for training {params.training!r} on dataset "
-                    f"{params.dataset!r}: start the job with `insitu run --as NAME`, or have a data scientist "
-                    f"approve it for scheduled and UI runs with `insitu approve --as NAME --training "
-                    f"{params.training} --dataset {params.dataset} --purpose …`")
+            given = find_approval(approvals_dir(), params.training, params.dataset)
         digest = training_sha256(load_training(trusted_training(params.training)))
-        refusal = scope_refusal(signed.request, job_id=job_id, dataset=params.dataset, actions=ACTIONS,
-                                training=params.training, training_hash=digest, overrides=overrides)
-        if refusal:
-            raise RequestError(f"the job's request does not cover this run: {refusal[1]}; rule {refusal[0]}")
+        return request_rule.job_request(given, job_id=job_id, training=params.training, dataset=params.dataset,
+                                        training_hash=digest, overrides=overrides)
     except RequestError as e:
-        audit.append("job.refused", job_id=job_id, flow_run_id=fr_id, rule="request.matches-job", reason=str(e))
+        audit.append("job.refused", job_id=job_id, flow_run_id=flow_run_id, rule=request_rule.RULE, reason=str(e))
         raise
-    return signed
+
+
+def require_quorum(job: Job, phase: str, succeeded: list[str], failures: dict[str, str]) -> None:
+    """Stop the job (audited) when fewer sites than ``federation.min_sites`` succeeded in ``phase``."""
+    refusal = quorum_refusal(phase, succeeded, failures, job.training.federation.min_sites)
+    if refusal:
+        job.audit.append("job.failed", job_id=job.job_id, phase=phase, failed_sites=failures)
+        raise RuntimeError(refusal)
 
 
 def _numbers(m: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in m.items() if isinstance(v, int | float)}
-
-
-def _check_quorum(phase: str, ok: list[str], bad: dict[str, str], min_sites: int, audit: Auditor,
-                  job_id: str) -> None:
-    if len(ok) >= min_sites:
-        return
-    audit.append("job.failed", job_id=job_id, phase=phase, failed_sites=bad)
-    detail = "; ".join(f"{s}: {why}" for s, why in bad.items())
-    raise RuntimeError(f"{phase}: only {len(ok)} site(s) succeeded ({ok}) < min_sites={min_sites}. Failed: {detail}")

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from prefect import flow, get_run_logger
 
 from insitu.data.loader import load_split
 from insitu.federated.kinds import COORDINATOR
-from insitu.federated.paths import CHAMPION, EVALUATION, GLOBAL_STATS, round_name, validation
+from insitu.federated.paths import EVALUATION, GLOBAL_STATS
+from insitu.governance.evaluation import RULE, evaluation_refusal, scored_global_model
 from tasks.anchoring import anchor_site
-from tasks.context import SiteContext, site_context
-from tasks.evaluate import evaluate_weights
+from tasks.context import site_context
+from tasks.evaluate import bind_evaluation, evaluate_weights, evaluation_binding, validated_rounds
 
 
 @flow(name="site-evaluate", log_prints=False)
@@ -24,55 +24,32 @@ def site_evaluate(
     overrides: dict[str, Any] | None = None,
     request: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Score each named global model on this site's test split; publish metrics (never scores)."""
+    """Score each named global model on this site's test split; publish metrics (never scores).
+
+    The site scores only what the rule :mod:`insitu.governance.evaluation` admits: one global model of the job
+    that it validated (the first one it scores binds the job) and the champion.
+    """
     logger = get_run_logger()
-    ctx = site_context(job_id, training, dataset, overrides, request, "evaluate")
-    refusal = evaluation_refusal(ctx, job_id, weights)
+    context = site_context(job_id, training, dataset, overrides, request, "evaluate")
+    bound = evaluation_binding(context.store, job_id)
+    validated = validated_rounds(context.exchange, context.conf.training.rounds)
+    refusal = evaluation_refusal(weights, context.conf.training.rounds, validated, bound)
     if refusal:
-        reason = f"site {ctx.site!r} refuses to score {[w[:40] for w in weights][:5]} for job {job_id}: {refusal}"
-        ctx.audit.append("evaluate.refused", job_id=job_id, flow_run_id=ctx.flow_run_id,
-                         rule="evaluate.one-selected-round", reason=reason)
-        raise PermissionError(f"{reason}; rule evaluate.one-selected-round")
-    norm = ctx.exchange.get_json(GLOBAL_STATS, writer=COORDINATOR)
-    x, y = load_split(ctx.store, dataset, job_id, "test")
-    ctx.audit.append("data.read", what="prepared/test", job_id=job_id, flow_run_id=ctx.flow_run_id, rows=len(y))
+        reason = f"site {context.site!r} refuses to score {[w[:40] for w in weights][:5]} for job {job_id}: {refusal}"
+        context.audit.append("evaluate.refused", job_id=job_id, flow_run_id=context.flow_run_id, rule=RULE,
+                             reason=reason)
+        raise PermissionError(f"{reason}; rule {RULE}")
+    if bound is None:  # the first evaluation of the job binds it to the model it scores
+        bind_evaluation(context.store, job_id, str(scored_global_model(weights)))
+    global_stats = context.exchange.get_json(GLOBAL_STATS, writer=COORDINATOR)
+    x, y = load_split(context.store, dataset, job_id, "test")
+    context.audit.append("data.read", what="prepared/test", job_id=job_id, flow_run_id=context.flow_run_id,
+                         rows=len(y))
     results = {}
     for name in weights:
-        results[name] = evaluate_weights(ctx, name, x, y, norm)
-        logger.info("site=%s model=%s %s", ctx.site, name,
+        results[name] = evaluate_weights(context, name, x, y, global_stats)
+        logger.info("site=%s model=%s %s", context.site, name,
                     " ".join(f"{k}={v:.4f}" for k, v in results[name].items() if isinstance(v, float)))
-    ctx.exchange.put_json(EVALUATION, {"site": ctx.site, "ran_as": ctx.ran_as, "models": results})
-    anchor_site(ctx.audit, ctx.exchange.store, ctx.site, job_id, "evaluate")
+    context.exchange.put_json(EVALUATION, {"site": context.site, "ran_as": context.ran_as, "models": results})
+    anchor_site(context.audit, context.exchange.store, context.site, job_id, "evaluate")
     return results
-
-
-def evaluation_refusal(ctx: SiteContext, job_id: str, weights: list[str]) -> str | None:
-    """Why this site will not score ``weights`` on its test rows (None: it will).
-
-    A coordinator may not use a site's test rows as an oracle for weights of its choosing. So a site scores,
-    per job, one global model and the champion: a round of the job that this site validated itself (it
-    published that round's validation, so the round's model came out of this job's training), or the last
-    round when it has no validation rows. The first round it scores is bound to the job in the site's own
-    store; any other round is refused afterwards.
-    """
-    rounds = ctx.conf.training.rounds
-    models = [w for w in weights if w != CHAMPION.name]
-    if not weights or len(models) != 1 or len(weights) != len(set(weights)):
-        return "a job's evaluation scores exactly one global model of the job (and at most the champion)"
-    (name,) = models
-    known = {round_name(r): r for r in range(rounds + 1)}
-    if name not in known:
-        return f"{name[:40]!r} is not a global model of this job (rounds 0 to {rounds})"
-    validated = [r for r in range(rounds + 1) if ctx.exchange.exists(validation(r))]
-    if validated and known[name] not in validated:
-        return f"this site did not validate {name} during the job (it validated rounds {validated[:3]}…)"
-    if not validated and known[name] != rounds:
-        return f"this site has no validation of the job's rounds, so only the last one, {round_name(rounds)}"
-    key = f"evaluations/{job_id}.json"
-    try:
-        with ctx.store.fs.open(ctx.store.path(key), "rb") as f:
-            bound = json.loads(f.read())["model"]
-    except FileNotFoundError:
-        ctx.store.write_bytes(key, json.dumps({"model": name}).encode())
-        return None
-    return None if bound == name else f"this job's evaluation is bound to {bound} (scored first), not {name}"

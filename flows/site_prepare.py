@@ -32,15 +32,15 @@ def site_prepare(
     Publishes only aggregate statistics (counts, sums, sums of squares) to the exchange.
     """
     logger = get_run_logger()
-    ctx = site_context(job_id, training, dataset, overrides, request, "prepare")
-    admitted = admit_shards(ctx.site, shards, dataset, ctx.conf.dataset, ctx.audit, ctx.principal, job_id,
-                            ctx.flow_run_id)
-    logger.info("site=%s admitted %d shard(s): %s", ctx.site, len(admitted), [s.id for s in admitted])
-    summary = prepare_shards(ctx, admitted, job_id)
-    summary["site"] = ctx.site
-    summary["ran_as"] = ctx.ran_as
-    ctx.exchange.put_json(PREPARE_STATS, summary)
-    logger.info("site=%s prepared %d rows, quarantined %d, unreadable shards %s", ctx.site,
+    context = site_context(job_id, training, dataset, overrides, request, "prepare")
+    admitted = admit_shards(context.site, shards, dataset, context.conf.dataset, context.audit, context.principal,
+                            job_id, context.flow_run_id)
+    logger.info("site=%s admitted %d shard(s): %s", context.site, len(admitted), [shard.id for shard in admitted])
+    summary = prepare_shards(context, admitted, job_id)
+    summary["site"] = context.site
+    summary["ran_as"] = context.ran_as
+    context.exchange.put_json(PREPARE_STATS, summary)
+    logger.info("site=%s prepared %d rows, quarantined %d, unreadable shards %s", context.site,
                 summary["rows_prepared"], summary["rows_quarantined"], summary["shards_unreadable"])
-    anchor_site(ctx.audit, ctx.exchange.store, ctx.site, job_id, "prepare")
+    anchor_site(context.audit, context.exchange.store, context.site, job_id, "prepare")
     return {k: summary[k] for k in ("rows_prepared", "rows_quarantined", "shards_unreadable")}

@@ -5,6 +5,8 @@ And, on the coordinator, read what the sites published, after checking they kept
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,6 +20,7 @@ from insitu.federated.paths import EVALUATION, global_weights, validation, weigh
 from insitu.metrics import withheld
 from insitu.models import build_model
 from insitu.specs import TaskSpec
+from insitu.storage import Store
 from tasks.context import SiteContext
 from tasks.retry import retry_if_transient
 
@@ -89,3 +92,52 @@ def read_validation(ex: Exchange, rnd: int, sites: list[str]) -> dict[str, dict[
     """The validations of global model ``rnd`` that these sites published (schema-checked as read)."""
     return {s: ex.get_json(validation(rnd), writer=s)["metrics"] for s in sites
             if ex.exists(validation(rnd), writer=s)}
+
+
+def validation_rows(context: SiteContext) -> tuple[np.ndarray, np.ndarray] | None:
+    """This site's validation split, or None when it has none (``split.val: 0``, or no rows landed there)."""
+    from insitu.data.loader import load_split
+
+    job_id = context.exchange.job_id
+    try:
+        x, y = load_split(context.store, context.conf.dataset_name, job_id, "val")
+    except (FileNotFoundError, ValueError):
+        get_run_logger().info("site %s has no validation rows for job %s: it publishes no validation", context.site,
+                              job_id)
+        return None
+    context.audit.append("data.read", what="prepared/val", job_id=job_id, flow_run_id=context.flow_run_id,
+                         rows=len(y))
+    return x, y
+
+
+def validator(context: SiteContext, global_stats: dict[str, Any]) -> Callable[[int], object] | None:
+    """What validates global model ``r`` on this site's validation rows (:func:`validate_round`); None when the
+    site has none (:func:`validation_rows`)."""
+    rows = validation_rows(context)
+    if rows is None:
+        return None
+    x, y = rows
+    return lambda rnd: validate_round(context, rnd, x, y, global_stats)
+
+
+def validated_rounds(ex: Exchange, rounds: int) -> list[int]:
+    """The rounds of the job (0 to ``rounds``) whose validation this site published."""
+    return [r for r in range(rounds + 1) if ex.exists(validation(r))]
+
+
+def _binding_key(job_id: str) -> str:
+    return f"evaluations/{job_id}.json"
+
+
+def evaluation_binding(store: Store, job_id: str) -> str | None:
+    """The global model this job's evaluation is bound to in the site's own store (None before the first)."""
+    try:
+        with store.fs.open(store.path(_binding_key(job_id)), "rb") as f:
+            return json.loads(f.read())["model"]
+    except FileNotFoundError:
+        return None
+
+
+def bind_evaluation(store: Store, job_id: str, model: str) -> None:
+    """Bind this job's evaluation to ``model`` in the site's own store: the first global model it scores."""
+    store.write_bytes(_binding_key(job_id), json.dumps({"model": model}).encode())

@@ -1,0 +1,120 @@
+"""A site's synchronous round loop (insitu.federated.site_rounds) against an exchange on an in-memory store;
+the coordinator's side is played by the fake tasks."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+from in_memory_exchange import Exchanges
+
+from insitu.federated.site_rounds import run_site_rounds, site_wait_timeout_s
+
+
+@pytest.fixture
+def exchanges() -> Iterator[Exchanges]:
+    ex = Exchanges()
+    yield ex
+    ex.drop()
+
+
+class Site:
+    """The site's tasks as fakes: each call is recorded; training publishes the update, and the coordinator
+    (``after_round``) answers it, by default with the next global model."""
+
+    def __init__(self, ex: Exchanges, after_round: dict[int, str] | None = None) -> None:
+        self.ex = ex
+        self.calls: list[tuple[str, int]] = []
+        self.after_round = after_round or {}
+
+    def train(self, rnd: int) -> None:
+        self.calls.append(("train", rnd))
+        self.ex.publish_update(rnd)
+        answer = self.after_round.get(rnd, "next")
+        if answer == "abort":
+            self.ex.coordinator.put_abort("QuorumError: round 1: quorum not met")
+        elif answer == "stop":
+            self.ex.publish_global(rnd + 1)
+            self.ex.stop(rnd)
+        else:
+            self.ex.publish_global(rnd + 1)
+
+    def validate(self, rnd: int) -> None:
+        self.calls.append(("validate", rnd))
+        self.ex.publish_validation(rnd)
+
+
+def test_rounds_run_in_order_each_from_the_global_model_the_coordinator_published(exchanges: Exchanges) -> None:
+    exchanges.publish_global(0)
+    site = Site(exchanges)
+    done = run_site_rounds(exchanges.site, 3, train=site.train, validate=site.validate, wait_timeout_s=5)
+    assert done == 3
+    # each global model is validated before the site trains from it; the last one is only validated
+    assert site.calls == [("validate", 0), ("train", 0), ("validate", 1), ("train", 1), ("validate", 2),
+                          ("train", 2), ("validate", 3)]
+
+
+def test_a_site_without_validation_rows_only_trains(exchanges: Exchanges) -> None:
+    exchanges.publish_global(0)
+    site = Site(exchanges)
+    assert run_site_rounds(exchanges.site, 2, train=site.train, validate=None, wait_timeout_s=5) == 2
+    assert site.calls == [("train", 0), ("train", 1)]
+
+
+def test_a_resumed_run_skips_what_this_site_published_before(exchanges: Exchanges,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    # the run before published updates 0 and 1 and validated models 0 to 2 (it died training round 2)
+    for rnd in range(3):
+        exchanges.publish_global(rnd)
+        exchanges.publish_validation(rnd)
+    exchanges.publish_update(0)
+    exchanges.publish_update(1)
+    site = Site(exchanges)
+    with caplog.at_level(logging.INFO):
+        done = run_site_rounds(exchanges.site, 4, train=site.train, validate=site.validate, wait_timeout_s=5)
+    assert done == 4  # the resumed rounds count: the site took part in them
+    assert site.calls == [("train", 2), ("validate", 3), ("train", 3), ("validate", 4)]
+    assert "round 0 already published by this site (resumed run); skipping" in caplog.text
+    assert "round 1 already published by this site (resumed run); skipping" in caplog.text
+
+
+def test_the_abort_marker_ends_the_loop_with_its_reason(exchanges: Exchanges,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    exchanges.publish_global(0)
+    site = Site(exchanges, after_round={1: "abort"})
+    done = run_site_rounds(exchanges.site, 5, train=site.train, validate=site.validate, wait_timeout_s=5)
+    assert done == 2
+    assert site.calls == [("validate", 0), ("train", 0), ("validate", 1), ("train", 1)]
+    assert "coordinator aborted job job-1 after 2 rounds here: QuorumError: round 1: quorum not met" in caplog.text
+
+
+def test_the_abort_marker_wins_over_published_weights(exchanges: Exchanges) -> None:
+    # a re-run of an aborted job: its weights are there, but so is the marker (until the coordinator clears it)
+    exchanges.publish_global(0)
+    exchanges.coordinator.put_abort("RuntimeError: boom")
+    site = Site(exchanges)
+    assert run_site_rounds(exchanges.site, 3, train=site.train, validate=site.validate, wait_timeout_s=5) == 0
+    assert site.calls == []
+
+
+def test_the_stop_marker_ends_training_early(exchanges: Exchanges, caplog: pytest.LogCaptureFixture) -> None:
+    exchanges.publish_global(0)
+    site = Site(exchanges, after_round={1: "stop"})
+    with caplog.at_level(logging.INFO):
+        done = run_site_rounds(exchanges.site, 5, train=site.train, validate=site.validate, wait_timeout_s=5)
+    assert done == 2 and site.calls[-1] == ("train", 1)
+    assert "coordinator stopped job job-1 early after 2 rounds here: no improvement" in caplog.text
+
+
+def test_no_global_model_in_time_is_a_timeout_naming_the_round(exchanges: Exchanges) -> None:
+    exchanges.publish_global(0)
+    trained: list[int] = []  # the coordinator never answers round 0's update
+    with pytest.raises(TimeoutError, match=r"site eu: no global weights for round-0001 after 0s"):
+        run_site_rounds(exchanges.site, 3, train=trained.append, validate=None, wait_timeout_s=0.01)
+    assert trained == [0]
+
+
+def test_sites_wait_longer_than_the_coordinator_gives_a_round() -> None:
+    assert site_wait_timeout_s(60.0) == 420.0
+    assert site_wait_timeout_s(600.0) > 600.0
