@@ -303,8 +303,9 @@ def decide(
     rule = ",".join(rules) or RULE_DEFAULT_DENY
     if not result.allowed:
         why = ("no rule of this site's policy permits it" if not rules else "forbidden by this site's policy")
-        why += f" (purpose {req.purpose!r}, strategy {ctx['strategy']!r}, aggregator {ctx['aggregator']!r}, " \
-               f"rounds {ctx['rounds']}, roles {entry.roles})"
+        # Every attribute the policy decided on, so that the refusal shows which one no rule admits.
+        decided = ", ".join(f"{k} {v!r}" for k, v in ctx.items())
+        why += f" ({decided}, roles {entry.roles})"
         return deny(rule, why, signed, who)
     return Decision(True, rule, f"site {site!r} admits {action} on dataset {dataset!r} (job {job_id}) for {who!r} "
                     f"(roles {entry.roles}, purpose {req.purpose!r}); rule {rule}", principal=who, claimed=who,

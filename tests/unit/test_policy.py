@@ -242,3 +242,14 @@ def test_the_job_context_carries_the_federation_mode() -> None:
     assert job_context(TrainingConfig())["federation"] == "sync"
     t = TrainingConfig.model_validate({"federation": {"mode": "async"}, "validation": {"select": "last"}})
     assert job_context(t)["federation"] == "async"
+
+
+def test_a_refusal_names_every_attribute_the_policy_decided_on(policy: SitePolicy, keys: Path) -> None:
+    """A user's own model the policy does not list is refused, and the message says which model (and every other
+    attribute), so the refusal can be read without the policy at hand."""
+    d = run(policy, signed(keys), context={**CTX, "model": "mypkg.nets:make_net"})
+    assert not d.allowed
+    for key in ("purpose", "training", "standing", "strategy", "aggregator", "task", "model", "rounds",
+                "local_epochs", "ranks_per_site", "federation"):
+        assert f"{key} " in d.reason, key
+    assert "'mypkg.nets:make_net'" in d.reason and "roles ['data-scientist']" in d.reason
