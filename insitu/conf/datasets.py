@@ -14,10 +14,15 @@ from insitu.conf.strict import Strict
 
 class ColumnSpec(Strict):
     type: Literal["string", "float", "int", "bool", "category"]
+    """the column's type; a row whose value does not parse is quarantined"""
     min: float | None = None
+    """smallest valid value (rows below are quarantined)"""
     max: float | None = None
+    """largest valid value (rows above are quarantined)"""
     values: list[str] | None = None
+    """category: the allowed values (one-hot encoded in this order)"""
     nullable: bool = False
+    """whether a missing value is allowed (strings and categories only)"""
     transform: Literal["none", "log1p"] = Field(
         "none", description="feature transform, declared (never implicit): log1p for heavy-tailed non-negatives")
 
@@ -37,8 +42,11 @@ class ColumnSpec(Strict):
 
 class SchemaConfig(Strict):
     id: str
+    """the column that identifies a row (it keys the split)"""
     label: str
+    """the column to predict"""
     columns: Annotated[dict[str, ColumnSpec], Field(min_length=2)]
+    """every column, by name"""
 
     @model_validator(mode="after")
     def _keys(self) -> SchemaConfig:
@@ -69,8 +77,11 @@ class SchemaConfig(Strict):
 
 class ShardConfig(Strict):
     id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
+    """the shard's name (unique in the dataset, ignoring case)"""
     site: str
+    """the only site that may read this shard"""
     path: str
+    """the file, relative to the site's storage URL (.parquet or .csv)"""
 
     @field_validator("path")
     @classmethod
@@ -93,6 +104,7 @@ class ScheduleConfig(Strict):
     timezone: str = Field("UTC", description="IANA time zone the cron is read in, e.g. Europe/Berlin")
     training: Annotated[str, Field(pattern=CONF_NAME, description="a config of conf/training/, by name")]
     active: bool = True
+    """false keeps the schedule deployed but paused"""
 
     @field_validator("cron")
     @classmethod
@@ -118,12 +130,17 @@ class ScheduleConfig(Strict):
 
 class DatasetConfig(Strict):
     description: str = ""
+    """free text, shown in plans and the UI"""
     # Keys the deterministic train/val/test split. Fixed per dataset so that every job (whatever its
     # training seed) tests on the same rows: a champion is never scored on rows it trained on.
     split_key: int = 0
+    """keys the deterministic train/val/test split of this dataset's rows (see docs/baselines.md)"""
     schema_: SchemaConfig = Field(alias="schema")
+    """the columns every shard must have"""
     shards: Annotated[list[ShardConfig], Field(min_length=1)]
+    """the dataset's files, each pinned to one site"""
     schedules: list[ScheduleConfig] = []
+    """recurring retraining of this dataset (insitu deploy puts them on Prefect)"""
 
     @field_validator("schedules")
     @classmethod
@@ -165,6 +182,7 @@ class DatasetConfig(Strict):
 
 class DatasetsConfig(Strict):
     datasets: Annotated[dict[str, DatasetConfig], Field(min_length=1)]
+    """one entry per dataset, by name"""
 
     @field_validator("datasets")
     @classmethod

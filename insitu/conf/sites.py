@@ -17,8 +17,11 @@ class StorageRef(Strict):
 
     storage: str = Field(description="fsspec URL of the store root, e.g. s3://bucket/ or file:///path")
     endpoint_env: Annotated[str, Field(pattern=ENV_NAME)] | None = None
+    """environment variable holding the store's endpoint URL (empty: the scheme's default)"""
     key_env: Annotated[str, Field(pattern=ENV_NAME)] | None = None
+    """environment variable holding the access key id (the value never goes in a file)"""
     secret_env: Annotated[str, Field(pattern=ENV_NAME)] | None = None
+    """environment variable holding the secret key"""
 
     @field_validator("storage")
     @classmethod
@@ -32,23 +35,32 @@ class DaskRef(Strict):
         description="environment variable that holds this site's Dask scheduler address"
     )
     local_workers: Annotated[int, Field(ge=1, le=64)] = 2
+    """Dask workers the local platform starts for this site (one rank each)"""
 
 
 class SiteConfig(StorageRef):
     name: Annotated[str, Field(pattern=SITE_NAME)]
+    """the site's name: lower-case letters, digits and '-'"""
     work_pool: str
+    """the site's Prefect work pool (insitu-<site> on the local platform)"""
     dask: DaskRef
+    """the site's Dask cluster"""
     devices: Literal["cpu", "cuda"] = "cpu"
+    """what the site's ranks train on (cuda: one GPU per Dask worker, nccl)"""
 
 
 class CoordinatorConfig(Strict):
     work_pool: str = "insitu-coordinator"
+    """Prefect work pool that runs retrain"""
 
 
 class SitesConfig(Strict):
     exchange: StorageRef
+    """the one store both sides may use (weights, updates, aggregates)"""
     coordinator: CoordinatorConfig = CoordinatorConfig()
+    """the control plane's own work pool"""
     sites: Annotated[list[SiteConfig], Field(min_length=1)]
+    """one entry per region (site)"""
 
     @model_validator(mode="after")
     def _own(self) -> SitesConfig:

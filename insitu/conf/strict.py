@@ -4,4 +4,5 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Attribute docstrings are the fields' descriptions (docs/configuration.md is generated from them).
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)

@@ -21,8 +21,11 @@ class ModelConfig(Strict):
     """A built-in model by name (``tabular_mlp``) or a user's own factory by import path (``pkg.mod:make``)."""
 
     name: str = "tabular_mlp"
+    """a built-in model, or your own factory as package.module:function"""
     hidden: Annotated[list[Annotated[int, Field(ge=1, le=65536)]], Field(min_length=1)] = [64, 32]
+    """tabular_mlp: width of each hidden layer"""
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
+    """tabular_mlp: dropout after each hidden layer"""
     options: dict[str, Any] = Field(default_factory=dict,
                                     description="keyword arguments of a user's model factory (JSON values)")
 
@@ -40,17 +43,23 @@ class TaskConfig(Strict):
     """What is learnt: the task decides the outputs, the loss, the metrics and what the gate may use."""
 
     name: str = "binary"
+    """binary, multiclass or regression (or your own, see docs/extending.md)"""
     loss: Literal["mse", "huber", "poisson"] = Field(
         "mse", description="regression only: mse or huber on the standardised label; poisson for a count label "
                            "(log link: predictions are exp(output), never negative)")
     huber_delta: Annotated[float, Field(gt=0.0)] = 1.0
+    """regression with loss huber: where the loss turns linear (standardised units)"""
 
 
 class OptimizerConfig(Strict):
     name: Literal["adam", "sgd", "adamw"] = "adam"
+    """adam, adamw or sgd"""
     lr: Annotated[float, Field(gt=0.0, le=10.0)] = 1e-3
+    """learning rate"""
     weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
+    """L2 penalty (decoupled for adamw)"""
     momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    """sgd only"""
 
 
 class AggregatorConfig(Strict):
@@ -58,7 +67,9 @@ class AggregatorConfig(Strict):
     name, with its options (e.g. ``{name: fedprox, options: {mu: 0.01}}``)."""
 
     name: str = "fedavg"
+    """an aggregator of insitu/federated/aggregators/"""
     options: dict[str, Any] = Field(default_factory=dict)
+    """the aggregator's own options (see per aggregator below)"""
 
 
 class StalenessConfig(Strict):
@@ -66,8 +77,11 @@ class StalenessConfig(Strict):
     staleness: ``constant`` 1; ``polynomial`` (1 + τ)^-a; ``hinge`` 1 up to τ = b, then 1 / (a·(τ − b) + 1)."""
 
     function: Literal["constant", "polynomial", "hinge"] = "polynomial"
+    """constant, polynomial (1 + τ)^-a, or hinge"""
     a: Annotated[float, Field(ge=0.0, le=100.0)] = 0.5
+    """polynomial's exponent; hinge's slope"""
     b: Annotated[int, Field(ge=0, le=10000)] = 4
+    """hinge: staleness up to which an update counts fully"""
 
 
 class AsyncConfig(Strict):
@@ -81,9 +95,11 @@ class AsyncConfig(Strict):
     """
 
     algorithm: Literal["fedasync", "fedbuff"] = "fedasync"
+    """fedasync (apply each update) or fedbuff (apply a buffer of them)"""
     alpha: Annotated[float, Field(gt=0.0, le=10.0)] = Field(
         0.6, description="fedasync: the mixing weight (at most 1); fedbuff: the server learning rate")
     staleness: StalenessConfig = StalenessConfig()
+    """how much an update from an older version counts"""
     # fedasync ignores it (every update is applied at once); not an error, so that a config can switch algorithm.
     buffer_size: Annotated[int, Field(ge=1, le=1000)] = Field(2, description="fedbuff: updates per server step")
     max_staleness: Annotated[int, Field(ge=0, le=10000)] = Field(
@@ -99,6 +115,7 @@ class AsyncConfig(Strict):
 
 class FederationConfig(Strict):
     min_sites: Annotated[int, Field(ge=1)] = 1
+    """the quorum: a phase or round fails with fewer sites than this"""
     round_deadline_s: Annotated[float, Field(gt=0)] = Field(
         180.0, description="sync: how long a round waits for updates; async: how long the coordinator waits for "
                            "the next update before it gives up on the job")
@@ -107,6 +124,7 @@ class FederationConfig(Strict):
                             "them); async: sites train continuously and the coordinator applies updates as they "
                             "arrive (see asynchronous); either way `rounds` counts the global versions made")
     asynchronous: AsyncConfig = AsyncConfig()
+    """federation.mode async: the parameter server's algorithm"""
     # A test and benchmark knob, not a production setting: a site named here sleeps this long after training,
     # before it publishes its update, so that one site is deliberately slow. A site reads its own entry from
     # its own copy of the approved config, so the coordinator cannot slow a site down.
@@ -118,8 +136,11 @@ class FederationConfig(Strict):
 
 class SplitConfig(Strict):
     train: Annotated[float, Field(gt=0, lt=1)] = 0.7
+    """fraction of rows trained on"""
     val: Annotated[float, Field(ge=0, lt=1)] = 0.15
+    """fraction of rows for per-round validation"""
     test: Annotated[float, Field(gt=0, lt=1)] = 0.15
+    """fraction of rows the gate scores on"""
 
     @model_validator(mode="after")
     def _sum(self) -> SplitConfig:
@@ -133,7 +154,9 @@ class CheckpointConfig(Strict):
     """In-site checkpoints (torch.distributed.checkpoint) to the site's store."""
 
     enabled: bool = True
+    """write checkpoints"""
     every_steps: Annotated[int, Field(ge=0)] = 0  # 0: at the end of every local epoch only
+    """checkpoint every this many steps (0: at the end of each local epoch)"""
 
 
 class GateConfig(Strict):
@@ -142,7 +165,9 @@ class GateConfig(Strict):
     primary_metric: str | None = Field(None, description="a gate metric of the task; empty: the task's first "
                                        "(binary pr_auc, multiclass macro_f1, regression rmse)")
     margin: Annotated[float, Field(ge=0.0)] = 0.0
+    """how much the candidate must beat the champion by"""
     max_site_drop: Annotated[float, Field(ge=0.0)] = 0.05
+    """largest drop at any one site the gate accepts"""
     absolute_floor: float | None = Field(None, description="what the very first model must reach: a floor for a "
                                          "higher-is-better metric, a ceiling otherwise; empty: the task's default")
 
@@ -161,28 +186,45 @@ class ValidationConfig(Strict):
 
 class RegistryConfig(Strict):
     model_name: Annotated[str, Field(min_length=1)] = "insitu-fraud"
+    """the registered model's name in MLflow"""
 
 
 class TrainingConfig(Strict):
     task: TaskConfig = TaskConfig()
+    """the learning task (a name is short for {name: …})"""
     model: ModelConfig = ModelConfig()
+    """the model every site builds"""
     optimizer: OptimizerConfig = OptimizerConfig()
+    """each site's local optimizer"""
     rounds: Annotated[int, Field(ge=1, le=10000)] = 5
+    """federated rounds (async: global versions)"""
     local_epochs: Annotated[int, Field(ge=1, le=1000)] = 1
+    """passes over a site's training rows per round"""
     batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = 256
+    """rows per step per site (split across its data-parallel ranks)"""
     aggregator: AggregatorConfig = AggregatorConfig()
+    """how the coordinator combines the sites' updates (a name is short for {name: …})"""
     seed: int = 0
+    """seeds the initial model and each site's shuffling"""
     strategy: str = "single"
+    """how a site's ranks share the work: single, ddp, fsdp, pipeline or hybrid"""
     ranks_per_site: Annotated[int, Field(ge=1, le=1024)] = 1
+    """ranks each site trains with (one per Dask worker)"""
     parallel: dict[str, Any] = Field(
         default_factory=dict, description="the in-site strategies' options, one section each (fsdp, pipeline, mesh); "
                                           "each strategy validates its own (see docs/strategies.md)")
     federation: FederationConfig = FederationConfig()
+    """rounds across sites: quorum, deadline, sync or async"""
     split: SplitConfig = SplitConfig()
+    """fractions of each site's rows for train, validation and test"""
     registry: RegistryConfig = RegistryConfig()
+    """where MLflow registers the model"""
     gate: GateConfig = GateConfig()
+    """when a candidate replaces the champion"""
     validation: ValidationConfig = ValidationConfig()
+    """per-round validation, early stopping, which round is registered"""
     checkpoint: CheckpointConfig = CheckpointConfig()
+    """in-site checkpoints to the site's store (a retried round resumes)"""
 
     @field_validator("task", mode="before")
     @classmethod

@@ -23,3 +23,16 @@ def test_bring_your_own_names_everything_the_default_policy_admits() -> None:
     assert {"fraud", "data-scientist", "ddp", "fedavg", "tabular_mlp"} <= names  # the pattern still finds them
     missing = sorted(n for n in names if f"`{n}`" not in section)
     assert not missing, f"docs/bring-your-own.md (f) does not mention what the default policy names: {missing}"
+
+
+def test_the_configuration_reference_is_generated_from_the_models() -> None:
+    """docs/configuration.md's reference is what the models and each component's Options say (regenerate with
+    ``python -m deployments.reference``); a field added without regenerating fails here."""
+    from deployments.reference import DOC, reference, rewritten
+
+    text = DOC.read_text(encoding="utf-8")
+    assert rewritten(text) == text, "run: python -m deployments.reference"
+    generated = reference()
+    for key in ("`optimizer.lr`", "`parallel.fsdp.mixed_precision`", "`aggregator.options.mu`",
+                "`federation.asynchronous.staleness.function`", "`datasets.<name>.shards[…].site`"):
+        assert key in generated, key
