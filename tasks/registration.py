@@ -128,6 +128,7 @@ def _log_and_register(
     log_metrics(client, runs["parent"], parent_metrics)
     model = build_model(conf.training.model, len(norm["mean"]), conf.task.n_outputs, Normalization.from_global(norm))
     model.load_state_dict(state)
+    model.output_link = conf.task.output_link  # a Poisson model serves counts, not log-rates
     model.eval()
     # The input example is the global feature mean: an aggregate, not anyone's row.
     example = np.asarray([norm["mean"]], dtype=np.float32)

@@ -73,6 +73,9 @@ class Standardized(nn.Module):
         # raw features, only the last one produces the prediction.
         self.first_stage = True
         self.last_stage = True
+        # "exp" on a registered model whose training output is a log (Poisson's log-rate): what it serves is then in
+        # the label's units. Training and site scoring keep "identity" (their losses and metrics take the log).
+        self.output_link = "identity"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Back to the input's dtype: under bf16 mixed precision the input arrives as bf16 and the fp32
@@ -82,7 +85,9 @@ class Standardized(nn.Module):
             return z
         if self.n_outputs == 1 and z.dim() == 2:
             z = z.squeeze(-1)
-        return z * self.out_scale + self.out_shift
+        z = z * self.out_scale + self.out_shift
+        # getattr: a model pickled before the link existed serves as it did
+        return torch.exp(z) if getattr(self, "output_link", "identity") == "exp" else z
 
 
 def model_factory(cfg: ModelConfig) -> tuple[ModelFactory, dict[str, Any]]:

@@ -72,6 +72,12 @@ class TaskSpec(ABC):
     def n_outputs(self) -> int:
         """Outputs of the model: 1 for binary and regression, one logit per class otherwise."""
 
+    @property
+    def output_link(self) -> str:
+        """What the registered (serving) model applies to its output: ``identity``, or ``exp`` where training's
+        output is a log (Poisson's log-rate), so that a served prediction is in the label's range."""
+        return "identity"
+
     def output_norm(self, label_stats: Mapping[str, Any]) -> tuple[float, float]:
         """``(shift, scale)`` the model applies to its raw output (regression predicts in the label's units)."""
         return 0.0, 1.0

@@ -99,6 +99,10 @@ class Regression(TaskSpec):
         inner = nn.HuberLoss(delta=self.config.huber_delta) if self.config.loss == "huber" else nn.MSELoss()
         return lambda outputs, y: inner(outputs / scale, y / scale)
 
+    @property
+    def output_link(self) -> str:
+        return "exp" if self.poisson else "identity"
+
     def predict(self, outputs: torch.Tensor) -> torch.Tensor:
         """Predictions in the label's units from the model's outputs: ``exp`` of the log-rate for Poisson."""
         return torch.exp(outputs.double()) if self.poisson else outputs

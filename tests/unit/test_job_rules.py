@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from insitu.conf import load_conf
-from insitu.federated.job import resume_refusal, shard_plan, sites_prepared_before
+from insitu.federated.plan import resume_refusal, shard_plan, sites_prepared_before
 
 
 def test_each_shard_goes_to_its_own_site_only(conf_dir: Path) -> None:

@@ -154,3 +154,19 @@ def test_build_task_with_poisson_from_a_schema() -> None:
         "id": {"type": "string"}, "visits": {"type": "int", "min": 0, "max": 365}}})
     task = build_task(TaskConfig.model_validate({"name": "regression", "loss": "poisson"}), schema)
     assert isinstance(task, Regression) and task.poisson
+
+
+def test_the_registered_model_of_a_poisson_task_serves_counts_not_log_rates() -> None:
+    from insitu.models import build_model
+    from insitu.specs import task_for_label
+
+    task = task_for_label("regression", "int", label_min=0, loss="poisson")
+    assert task.output_link == "exp" and task_for_label("regression", "float").output_link == "identity"
+    model = build_model(TrainingConfig().model, 3, task.n_outputs).eval()
+    x = torch.randn(5, 3)
+    with torch.no_grad():
+        log_rate = model(x)
+        model.output_link = task.output_link  # as registration sets it
+        served = model(x)
+    assert torch.allclose(served, torch.exp(log_rate)) and (served > 0).all()
+    assert "output_link" not in model.state_dict()  # the weights on the exchange and in MLflow are unchanged
