@@ -23,9 +23,9 @@ from insitu.federated.asynchronous import update_limit
 from insitu.federated.coordinator import RoundsOutcome, run_rounds
 from insitu.federated.exchange import Exchange
 from insitu.federated.integrity import aggregated_sha256, registration_refusal
-from insitu.federated.plan import resume_refusal, shard_plan, sites_prepared_before
 from insitu.federated.kinds import COORDINATOR, MAX_UPDATE_NORM
 from insitu.federated.paths import ABORT, CHAMPION, GLOBAL_STATS, PLAN, PREPARE_STATS, SUMMARY, global_weights
+from insitu.federated.plan import resume_refusal, shard_plan, sites_prepared_before
 from insitu.federated.quorum import quorum_refusal
 from insitu.federated.site_rounds import site_wait_timeout_s
 from insitu.federated.validation import RoundValidation, Selection
