@@ -11,6 +11,7 @@ from prefect import get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
+from prefect.exceptions import ObjectNotFound
 
 
 def start_site_runs(flow_name: str, params: dict[str, dict[str, Any]], pools: dict[str, str]) -> dict[str, UUID]:
@@ -24,7 +25,10 @@ def start_site_runs(flow_name: str, params: dict[str, dict[str, Any]], pools: di
     deployments: dict[str, UUID] = {}
     with get_client(sync_client=True) as client:
         for site in params:
-            dep = client.read_deployment_by_name(f"{flow_name}/{site}")
+            try:
+                dep = client.read_deployment_by_name(f"{flow_name}/{site}")
+            except ObjectNotFound:  # Prefect says only "ObjectNotFound: None": say what is missing and the fix
+                raise LookupError(f"{flow_name}/{site} is not deployed: run insitu deploy") from None
             deployments[site] = dep.id
             if dep.work_pool_name != pools[site]:
                 raise PermissionError(f"deployment {flow_name}/{site} is on pool {dep.work_pool_name!r}, not site "
