@@ -1,6 +1,6 @@
 """One floor above the configuration: a job's every component name resolved once, into a typed :class:`JobSpec`.
 
-:mod:`insitu.conf` parses the YAML and knows no component; here each name is looked up in its seam's registry
+:mod:`insitu.conf` parses the YAML and knows no component; here each name is looked up in its seam's list
 (learning task, model, aggregator, in-site strategy, async algorithm) and each component's options are validated
 by that component's own ``Options``, with the configuration's "file: key: fix" messages::
 

@@ -1,4 +1,4 @@
-"""Learning tasks, one file each: the registry the configuration validates against.
+"""Learning tasks, one file each: the list of learning tasks that a job's names are resolved against.
 
 ``TASKS`` is the one list of task names, found in this package: a new task is a
 :class:`~insitu.specs.base.TaskSpec` subclass with its own ``name`` in a file of its own here, with its test;
