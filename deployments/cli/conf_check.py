@@ -119,8 +119,10 @@ def check_schedule(conf: Path, dataset: str, index: int, schedule: ScheduleConfi
     try:
         load_job(schedule.training, dataset, directory=conf)
     except ConfigError as e:
+        # The schedule's own line, then the training's mistakes on lines of their own: `validate` reports each
+        # mistake once, and the training's are the same wherever they are met.
         raise ConfigError(f"{where}.training': training {schedule.training!r} does not load with dataset "
-                          f"{dataset!r}; fix that config or name another: {e}") from None
+                          f"{dataset!r}; fix that config or name another\n{e}") from None
     from deployments.deploy import retrain_schedule  # imports Prefect: only when a schedule is declared
 
     try:
