@@ -5,7 +5,7 @@
 Everything runs in this process (no Prefect, no stores), with the data, model and local training of
 bench/aggregators.py: three sites (eu, us, apac), non-IID, 50/30/20 % of the rows. Each site is a thread that
 really trains (torch, one thread each) and then sleeps ``--delay`` seconds if it is the slow site: the
-``federation.simulated_delay_s`` knob of a real job. Wall time is measured, not modelled.
+what a site's operator does with ``publish-delay.json`` on a real site. Wall time is measured, not modelled.
 
 - **sync**: ``--versions`` rounds; every round each site trains the global model, the slowest is waited for,
   FedAvg (by samples) makes the next global model.

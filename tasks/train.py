@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -12,6 +13,8 @@ from insitu.conf import TrainingConfig
 from insitu.federated.aggregators import build_aggregator
 from insitu.federated.kinds import COORDINATOR
 from insitu.federated.paths import async_update, global_weights, round_name, update
+from insitu.federated.publish_delay import PUBLISH_DELAY_FILE, publish_delay
+from insitu.governance.identity import ENV_IDENTITY
 from insitu.parallel import CheckpointRef, DataRef, TrainSpec
 from insitu.parallel.site import train_site
 from tasks.context import SiteContext
@@ -75,12 +78,18 @@ def train_from(ctx: SiteContext, state: dict[str, Any], norm: dict[str, Any], *,
     # The ranks read the site's prepared train split on the site's own Dask workers.
     ctx.audit.append("data.read", what="prepared/train", job_id=job_id, flow_run_id=ctx.flow_run_id,
                      rows=result.n_samples, strategy=t.strategy, ranks=t.ranks_per_site, **audited)
-    delay = t.federation.simulated_delay_s.get(ctx.site, 0.0)
-    if delay:  # the test/benchmark knob: this site is deliberately slow
-        get_run_logger().info("site=%s: simulated delay of %.1fs before publishing (federation.simulated_delay_s)",
-                              ctx.site, delay)
+    delay = publish_delay(_own_file(PUBLISH_DELAY_FILE), job_id)
+    if delay:  # this site's operator made it deliberately slow (tests and benchmarks of stragglers)
+        get_run_logger().info("site=%s: waiting %.1fs before publishing (its operator's %s)", ctx.site, delay,
+                              PUBLISH_DELAY_FILE)
         time.sleep(delay)
     return result
+
+
+def _own_file(name: str) -> str | None:
+    """A file beside this site's identity file (the site's own home, set up by the site's platform), or None."""
+    path = Path(os.environ[ENV_IDENTITY]).parent / name
+    return path.read_text(encoding="utf-8") if path.is_file() else None
 
 
 def _log_trained(ctx: SiteContext, what: str, result: Any, published: dict[str, Any]) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -25,6 +27,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.states import Cancelling
 
 from deployments.platform import COORDINATOR, Platform
+from insitu.federated.publish_delay import PUBLISH_DELAY_FILE
 from insitu.governance.audit import read_events
 from insitu.storage import Store
 
@@ -160,3 +163,21 @@ def write_training(directory: Path, name: str, cfg: dict[str, Any]) -> Path:
     path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+@contextmanager
+def slow_sites(platform: Platform, job_id: str, delays: dict[str, float]) -> Iterator[None]:
+    """Make sites deliberately slow for one job, as each site's own operator would: ``publish-delay.json`` in the
+    site's home (beside its identity file), read by the site itself (``insitu/federated/publish_delay.py``)."""
+    files = {site: platform.actor_home(site) / PUBLISH_DELAY_FILE for site in delays}
+    for site, path in files.items():
+        entries = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps({**entries, job_id: delays[site]}))
+        path.chmod(0o644)  # written by the test (root); read by the site's own user
+    try:
+        yield
+    finally:
+        for path in files.values():
+            entries = json.loads(path.read_text()) if path.exists() else {}
+            entries.pop(job_id, None)
+            path.write_text(json.dumps(entries))

@@ -168,10 +168,6 @@ def load_conf(
                 f"sites.yaml defines {sites.names}"
             )
     with_data = {s.site for s in ds.shards}
-    slow = [s for s in train.federation.simulated_delay_s if s not in sites.names]
-    if slow:
-        raise ConfigError(f"{tpath}: key 'federation.simulated_delay_s': unknown site(s) {slow}; sites.yaml "
-                          f"defines {sites.names}")
     if train.federation.min_sites > len(with_data):
         raise ConfigError(
             f"{tpath}: key 'federation.min_sites': {train.federation.min_sites} exceeds the "

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from insitu.conf.errors import Refusal
-from insitu.conf.names import IMPORT_PATH, SITE_NAME
+from insitu.conf.names import IMPORT_PATH
 from insitu.conf.strict import Strict
 
 
@@ -125,13 +125,6 @@ class FederationConfig(Strict):
                             "arrive (see asynchronous); either way `rounds` counts the global versions made")
     asynchronous: AsyncConfig = AsyncConfig()
     """federation.mode async: the parameter server's algorithm"""
-    # A test and benchmark knob, not a production setting: a site named here sleeps this long after training,
-    # before it publishes its update, so that one site is deliberately slow. A site reads its own entry from
-    # its own copy of the approved config, so the coordinator cannot slow a site down.
-    simulated_delay_s: Annotated[dict[Annotated[str, Field(pattern=SITE_NAME)],
-                                      Annotated[float, Field(ge=0.0, le=3600.0)]], Field(max_length=64)] = Field(
-        default_factory=dict, description="test/benchmark knob: {site: seconds} a site waits before publishing "
-                                          "each update (a deliberately slow site)")
 
 
 class SplitConfig(Strict):

@@ -1,5 +1,5 @@
 """Asynchronous federation end to end: one async and one sync ``retrain`` job with the same deliberately slow
-site (``federation.simulated_delay_s``) and the same number of global versions, on the real platform.
+site (its operator's ``publish-delay.json``) and the same number of global versions, on the real platform.
 
 Async reaches its versions sooner than sync (which waits for the slow site every round), as both flows
 measured it (``updates_wall_s`` on each job's MLflow parent run); updates that come in too stale are refused,
@@ -24,6 +24,7 @@ from platform_helpers import (
     job_summary,
     parent_run,
     shipped_training,
+    slow_sites,
     start_retrain,
     wait_for_flow_run,
     write_training,
@@ -46,7 +47,6 @@ def _config(directory: Path, conf_dir: Path, mode: str) -> str:
     cfg.update(rounds=VERSIONS, local_epochs=1, strategy="single", ranks_per_site=1,
                registry={"model_name": f"insitu-fraud-{mode}-e2e"}, validation={"select": "last"})
     cfg["federation"] = {"min_sites": 2, "round_deadline_s": 120, "mode": mode,
-                         "simulated_delay_s": {SLOW: DELAY_S},
                          # max_staleness 0: only an update trained from the newest version is applied. A site pulls
                          # the newest version as soon as its last update is decided, so the two fast sites keep
                          # training from the same version at once and the later of each pair is refused (none at
@@ -73,7 +73,8 @@ def jobs(deployed: Platform, signer: Any) -> Iterator[dict[str, dict[str, Any]]]
             # in the platform's conf/training (a run may name only configs there), as shared_conf does
             training = _config(deployed.conf_dir / "training", deployed.conf_dir, mode)
             written.append(deployed.conf_dir / "training" / f"{training}.yaml")
-            out[mode] = {"job_id": job_id, "flow_run": _run(training, job_id, signer)}
+            with slow_sites(deployed, job_id, {SLOW: DELAY_S}):  # the slow site's operator slows it
+                out[mode] = {"job_id": job_id, "flow_run": _run(training, job_id, signer)}
         yield out
     finally:
         for path in written:

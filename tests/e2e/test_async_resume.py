@@ -18,6 +18,7 @@ from platform_helpers import (
     flow_run_logs,
     parent_run,
     shipped_training,
+    slow_sites,
     start_retrain,
     wait_for_file,
     wait_for_flow_run,
@@ -33,11 +34,9 @@ VERSIONS = 5
 
 def _training_config(directory: Path, conf_dir: Path) -> Path:
     cfg = shipped_training(conf_dir, "fraud")
-    # Every site 3 s per update: slow enough that the job is still running when it is cancelled at version 2.
     cfg.update(rounds=VERSIONS, local_epochs=1, strategy="single", ranks_per_site=1, registry={"model_name": MODEL},
                validation={"select": "last"})
     cfg["federation"] = {"min_sites": 2, "round_deadline_s": 120, "mode": "async",
-                         "simulated_delay_s": {"eu": 3.0, "us": 3.0, "apac": 3.0},
                          "asynchronous": {"algorithm": "fedbuff", "buffer_size": 2, "alpha": 1.0,
                                           "max_staleness": 10}}
     return write_training(directory, e2e_name("fraud_async_resume"), cfg)
@@ -50,19 +49,22 @@ def test_a_cancelled_async_job_resumes_where_it_stopped(deployed: Platform, shar
     ex = coordinator_exchange(deployed)
     job = f"insitu-exchange/jobs/{job_id}"
 
-    # ---- first attempt: cancelled (with its site runs) once version 2 is made
-    first = start_retrain(params)
-    wait_for_file(ex, f"{job}/weights/coordinator/round-0002.manifest.json", 900, "version 2 was never made")
-    assert cancel_job(first, job_id).state.is_cancelled()
-    ex.fs.invalidate_cache()
-    state = json.loads(ex.fs.cat(f"{job}/control/coordinator/async-state.json"))
-    assert state["version"] < VERSIONS, "the job finished before the cancel"
-    made = {v: ex.fs.cat(f"{job}/weights/coordinator/round-{v:04d}.manifest.json")
-            for v in range(1, state["version"] + 1)}
+    # Every site 3 s per update (its operator's publish delay): slow enough that the job is still running when it
+    # is cancelled at version 2.
+    with slow_sites(deployed, job_id, {"eu": 3.0, "us": 3.0, "apac": 3.0}):
+        # ---- first attempt: cancelled (with its site runs) once version 2 is made
+        first = start_retrain(params)
+        wait_for_file(ex, f"{job}/weights/coordinator/round-0002.manifest.json", 900, "version 2 was never made")
+        assert cancel_job(first, job_id).state.is_cancelled()
+        ex.fs.invalidate_cache()
+        state = json.loads(ex.fs.cat(f"{job}/control/coordinator/async-state.json"))
+        assert state["version"] < VERSIONS, "the job finished before the cancel"
+        made = {v: ex.fs.cat(f"{job}/weights/coordinator/round-{v:04d}.manifest.json")
+                for v in range(1, state["version"] + 1)}
 
-    # ---- the re-run resumes
-    second = wait_for_flow_run(start_retrain(params), 900)
-    assert second.state.is_completed(), second.state.message
+        # ---- the re-run resumes
+        second = wait_for_flow_run(start_retrain(params), 900)
+        assert second.state.is_completed(), second.state.message
     ex.fs.invalidate_cache()
     for v, before in made.items():
         assert ex.fs.cat(f"{job}/weights/coordinator/round-{v:04d}.manifest.json") == before, f"version {v} rewritten"

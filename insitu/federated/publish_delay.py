@@ -1,0 +1,40 @@
+"""A deliberately slow site, for tests and benchmarks of straggling sites.
+
+Only the site's own operator can slow it: a file ``publish-delay.json`` beside the site's identity file (in the
+actor's home, which the site's OS user owns), ``{"<job id>": seconds}``, makes the site wait that long after
+training each update of that job, before it publishes. A job's configuration cannot (it comes from whoever
+created the run), so no caller can slow a site down.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+PUBLISH_DELAY_FILE = "publish-delay.json"
+MAX_DELAY_S = 3600.0
+
+
+def publish_delay(text: str | None, job_id: str) -> float:
+    """Seconds this site waits before publishing each update of ``job_id`` (0 without a file or an entry).
+
+    Raises
+    ------
+    ValueError
+        When the file is not a mapping of job ids to seconds between 0 and 3600: an operator's typo is said,
+        not ignored.
+    """
+    if text is None:
+        return 0.0
+    try:
+        entries = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{PUBLISH_DELAY_FILE}: not JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(entries, dict):
+        raise ValueError(f"{PUBLISH_DELAY_FILE}: expected {{\"<job id>\": seconds}}, got {type(entries).__name__}")
+    seconds = entries.get(job_id, 0.0)
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds) \
+            or not 0 <= seconds <= MAX_DELAY_S:
+        raise ValueError(f"{PUBLISH_DELAY_FILE}: job {job_id!r}: {seconds!r} is not a number of seconds from 0 to "
+                         f"{MAX_DELAY_S:g}")
+    return float(seconds)
