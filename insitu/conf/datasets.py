@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from insitu.conf.errors import Refusal, short
+from insitu.conf.errors import Refusal, did_you_mean, short
 from insitu.conf.names import CONF_NAME
 from insitu.conf.strict import Strict
 
@@ -53,7 +53,8 @@ class SchemaConfig(Strict):
         for role in ("id", "label"):
             col = getattr(self, role)
             if col not in self.columns:
-                raise ValueError(f"{role} column {col!r} is not among the columns {list(self.columns)}")
+                raise ValueError(f"{role} column {col!r} is not among the columns{did_you_mean(col, self.columns)}: "
+                                 f"{list(self.columns)}")
         label = self.columns[self.label]
         if label.type == "string":
             raise ValueError(f"label column {self.label!r} has type: string; a label is bool (binary), category "

@@ -265,6 +265,13 @@ BAD_CONFIGS = [
     ),
     pytest.param(
         DATASETS,
+        _set(DATASETS, ("datasets", "fraud", "schema", "label"), "is_frad"),
+        "datasets.fraud.schema",
+        "label column 'is_frad' is not among the columns (did you mean 'is_fraud'?)",
+        id="label-typo-gets-a-suggestion",
+    ),
+    pytest.param(
+        DATASETS,
         _delete(DATASETS, (*COLUMNS, "device", "values")),
         "datasets.fraud.schema.columns.device",
         "needs a non-empty 'values' list",
