@@ -172,11 +172,17 @@ def resolve_strategy(t: TrainingConfig, tpath: Path | str = "training") -> Strat
         known = sorted(strategies())
         raise ConfigError(f"{tpath}: key 'strategy': unknown in-site strategy {t.strategy!r}"
                           f"{did_you_mean(t.strategy, known)}; known: {known}") from None
-    if set(t.parallel) - set(found.options.model_fields):  # a section no strategy of this job reads
-        sections = {s for other in strategies().values() for s in other.options.model_fields}
-        for key in sorted(set(t.parallel) - sections):
-            raise ConfigError(f"{tpath}: key 'parallel.{format_loc((key,))}': no in-site strategy has this section"
-                              f"{did_you_mean(key, sections)}; known: {sorted(sections)}")
+    others = set(t.parallel) - set(found.options.model_fields)
+    if others:  # sections this strategy does not read: another strategy's (checked by it), or a mistake
+        owners = {s: other for other in strategies().values() for s in other.options.model_fields}
+        for key in sorted(others):
+            if key not in owners:
+                raise ConfigError(f"{tpath}: key 'parallel.{format_loc((key,))}': no in-site strategy has this "
+                                  f"section{did_you_mean(key, owners)}; known: {sorted(owners)}")
+            try:  # a config may switch strategy and keep the other's section: it must still be right
+                owners[key].options.model_validate({key: t.parallel[key]})
+            except ValidationError as e:
+                raise explain(Path(tpath), e, owners[key].options, at=("parallel",)) from None
     try:
         found.options_of(t)
     except ValidationError as e:

@@ -12,7 +12,7 @@ from prefect import get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 
-from insitu.conf import check_job_id, load_training, trusted_training
+from insitu.conf import Conf, check_job_id, load_conf, load_training, trusted_training
 from insitu.federated.exchange import Exchange
 from insitu.governance.audit_service import Auditor
 from insitu.governance.identity import Identity, IdentityError, check_pool, load_identity, refuse_runtime_overrides
@@ -27,7 +27,7 @@ from insitu.governance.policy import (
     load_policy,
 )
 from insitu.governance.request import Action, training_sha256
-from insitu.job import JobSpec, load_job
+from insitu.job import JobSpec, resolve
 from insitu.storage import Store, store_from_env
 
 
@@ -93,7 +93,7 @@ def actor_identity(role: str, job_id: str | None) -> tuple[Identity, str | None]
 
 
 def admit(ident: Identity, action: Action, job_id: str, training: str, dataset: str,
-          overrides: dict[str, Any] | None, request: dict[str, Any] | None, conf: JobSpec, store: Store,
+          overrides: dict[str, Any] | None, request: dict[str, Any] | None, conf: Conf, store: Store,
           flow_run_id: str | None) -> tuple[Decision, SitePolicy]:
     """Decide the run's signed request with this site's own policy; audit the decision either way.
 
@@ -149,13 +149,16 @@ def site_context(job_id: str, training: str, dataset: str, overrides: dict[str, 
     ident, fr_id = actor_identity("site", job_id)
     site = ident.actor
     check_job_id(job_id)
-    conf = load_job(trusted_training(training), dataset, overrides=overrides)
-    cfg = conf.sites.site(site)
+    # Parsed only: resolving names imports code (a user's model factory), and nothing is imported for a run that
+    # this site's policy has not admitted (the overrides come from whoever created the run).
+    parsed = load_conf(trusted_training(training), dataset, overrides=overrides)
+    cfg = parsed.sites.site(site)
     if cfg.work_pool != ident.work_pool:
         raise IdentityError(f"conf/sites.yaml puts site {site!r} on pool {cfg.work_pool!r} but this worker serves "
                             f"{ident.work_pool!r}: fix sites.yaml or the site's identity file {ident.path}")
     store = store_from_env(cfg, site)
-    decision, policy = admit(ident, action, job_id, training, dataset, overrides, request, conf, store, fr_id)
+    decision, policy = admit(ident, action, job_id, training, dataset, overrides, request, parsed, store, fr_id)
+    conf = resolve(parsed)  # admitted: now every component the configuration names is resolved
     logger.info("site=%s pool=%s flow_run=%s: %s", site, ident.work_pool, fr_id, decision.reason)
     return SiteContext(
         site=site,

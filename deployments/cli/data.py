@@ -19,7 +19,7 @@ from deployments.cli.common import (
     quiet_logs,
     require_up,
 )
-from insitu.conf import load_conf
+from insitu.job import load_job
 
 
 def seed(
@@ -48,7 +48,7 @@ def seed(
     p = open_platform(state_dir, conf)
     require_up(p)
     # The pair must load together, so that what is seeded can be trained on as configured.
-    c = load_conf(training or dataset, dataset, directory=conf)
+    c = load_job(training or dataset, dataset, directory=conf).conf
     out = do_seed(c, rows, random_seed, None if corrupt_shard == "none" else corrupt_shard)
     t = Table("shard", "site", "rows", "malformed rows", "unreadable")
     for sid, v in out.items():

@@ -203,7 +203,7 @@ class TrainingConfig(Strict):
     """how a site's ranks share the work: single, ddp, fsdp, pipeline or hybrid"""
     ranks_per_site: Annotated[int, Field(ge=1, le=1024)] = 1
     """ranks each site trains with (one per Dask worker)"""
-    parallel: dict[str, Any] = Field(
+    parallel: Annotated[dict[str, Any], Field(max_length=16)] = Field(
         default_factory=dict, description="the in-site strategies' options, one section each (fsdp, pipeline, mesh); "
                                           "each strategy validates its own (see docs/strategies.md)")
     federation: FederationConfig = FederationConfig()

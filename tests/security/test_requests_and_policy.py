@@ -8,9 +8,12 @@ the site's audit log with the principal as verified (or as claimed, marked unver
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
 import uuid
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +22,7 @@ from platform_helpers import job_events, run_flow
 from prefect.client.schemas.objects import FlowRun
 
 from deployments.cli import signing as governance
-from deployments.platform import Platform
+from deployments.platform import REPO, Platform
 from insitu.governance.audit import verify
 from insitu.governance.policy import SitePolicy, sign_policy
 from insitu.governance.principals import load_private_key
@@ -145,3 +148,28 @@ def test_a_site_scores_only_the_jobs_final_model_and_the_champion(deployed: Plat
     events = job_events(deployed, "eu", job_id)
     assert [e["event"] for e in events] == ["policy.decision", "evaluate.refused"]
     assert events[1]["fields"]["principal"] == "alice"
+
+
+def test_a_site_imports_no_code_a_caller_names_before_it_admits_the_run(deployed: Platform) -> None:
+    """A caller who may start a site's flow names a module as the model in `overrides`. The site parses the
+    configuration, refuses the unsigned run, and never imports the module (resolving a model name imports code, so
+    it waits until the policy admitted the run)."""
+    probe = f"e2e_import_probe_{uuid.uuid4().hex[:8]}"
+    marker_dir = Path(tempfile.mkdtemp(dir="/tmp"))
+    marker_dir.chmod(0o777)  # the site's OS user could write here, had it imported the probe
+    marker = marker_dir / "imported"
+    module = REPO / f"{probe}.py"
+    module.write_text(f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\n"
+                      "def make(n_features, n_outputs):\n    raise RuntimeError('never built')\n")
+    module.chmod(0o644)
+    job_id = f"e2e-policy-import-{uuid.uuid4().hex[:6]}"
+    try:
+        fr = _run_prepare("eu", {"job_id": job_id, "shards": ["eu-000"], "request": None,
+                                 "overrides": {"model": {"name": f"{probe}:make"}}})
+        assert fr.state.is_failed() and "rule request.present" in fr.state.message, fr.state.message
+        (decision,) = _decisions(deployed, "eu", job_id)
+        assert decision["allowed"] is False and decision["rule"] == "request.present"
+        assert not marker.exists(), "the site imported a module the caller named before admitting the run"
+    finally:
+        module.unlink(missing_ok=True)
+        shutil.rmtree(marker_dir, ignore_errors=True)

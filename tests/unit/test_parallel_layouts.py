@@ -99,3 +99,8 @@ def test_a_strategys_options_are_validated_by_the_strategy_naming_the_key() -> N
     switched = TrainingConfig.model_validate({"strategy": "ddp", "ranks_per_site": 2,
                                               "parallel": {"fsdp": {"mixed_precision": "bf16"}}})
     assert resolve_strategy(switched).name == "ddp"
+    # … but it must still be right: another strategy's section is checked by that strategy
+    wrong = TrainingConfig.model_validate({"strategy": "ddp", "ranks_per_site": 2,
+                                           "parallel": {"fsdp": {"mixed_precision": "bf17"}}})
+    with pytest.raises(ConfigError, match=r"key 'parallel\.fsdp\.mixed_precision'"):
+        resolve_strategy(wrong)
