@@ -39,6 +39,7 @@ from insitu.job import JobSpec, load_job
 from insitu.storage import store_from_env
 from insitu.summary import collect_identities, job_summary, summary_markdown, withheld_by_floor
 from tasks.anchoring import countersign
+from tasks.claims import judge_evaluations
 from tasks.context import actor_identity, ran_as
 from tasks.dispatch import failed, run_states, start_site_runs, wait_for_runs
 from tasks.evaluate import read_evaluations
@@ -115,6 +116,10 @@ class Evaluated:
     champion: Champion | None
     champion_sites: dict[str, dict[str, float]] | None
     champion_global: dict[str, float] | None
+    distrusted: list[str]  # sites whose test metrics disagree with the others': left out of the per-site drop
+
+    def for_gate(self, per_site: dict[str, dict[str, float]] | None) -> dict[str, dict[str, float]] | None:
+        return None if per_site is None else {s: m for s, m in per_site.items() if s not in self.distrusted}
 
 
 @flow(name="retrain", log_prints=False)
@@ -131,8 +136,8 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
         evaluated = evaluate(job, sites, outcome, stats["norm"]["features"])
         registration = register(job, mlruns, outcome, evaluated, stats["norm"], sites)
     promotion = gate_and_promote(job.conf, job.job_id, registration.version, evaluated.global_metrics,
-                                 evaluated.site_metrics, evaluated.champion, evaluated.champion_global,
-                                 evaluated.champion_sites)
+                                 evaluated.for_gate(evaluated.site_metrics), evaluated.champion,
+                                 evaluated.champion_global, evaluated.for_gate(evaluated.champion_sites))
     return finish(job, mlruns, registration, promotion, sites, stats, outcome, evaluated)
 
 
@@ -248,7 +253,8 @@ def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> RoundsOutcome:
         else:
             aggregator = build_aggregator(training.aggregator.name, training.aggregator.options,
                                           max_update_norm=MAX_UPDATE_NORM)
-            rounds = FederatedRounds(exchange, sites, training, learning_task, aggregator, alive, record)
+            rounds = FederatedRounds(exchange, sites, training, learning_task, aggregator, alive, record, job.audit,
+                                     job.flow_run_id, selection)
             outcome = run_rounds(rounds, training.rounds, selection)
     except Exception as e:
         # Tell the sites to stop waiting for weights that will not come, and free their workers.
@@ -270,7 +276,7 @@ def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> RoundsOutcome:
 def evaluate(job: Job, sites: list[str], outcome: RoundsOutcome, features: list[str]) -> Evaluated:
     """Every site scores the selected model and the current champion on its own test split; the learning task
     combines the sites' metrics."""
-    training, exchange, learning_task = job.training, job.exchange, job.conf.task
+    training, exchange = job.training, job.exchange
     champion = load_champion(job.conf, features)
     final = global_weights(outcome.selected).name  # as the sites' evaluations name it
     names = [final]
@@ -283,15 +289,19 @@ def evaluate(job: Job, sites: list[str], outcome: RoundsOutcome, features: list[
     evaluated_sites = [site for site in sites if site not in failures]
     require_quorum(job, "evaluate", evaluated_sites, failures)
     by_site = read_evaluations(exchange, evaluated_sites, training.rounds, update_limit(training))
-    candidate = {site: models[final] for site, models in by_site.items()}
-    champion_by_site = {site: models[CHAMPION.name] for site, models in by_site.items()} if champion else None
+    # Each model's test metrics checked against their ranges and the sites' committed test rows, and combined
+    # robustly with 3 or more sites; the gate's per-site drop leaves out sites that disagree with the others.
+    judge = judge_evaluations(exchange, by_site, job.conf, outcome.selection, job.audit, job.flow_run_id)
+    candidate, cand = judge(final)
+    champion_by_site, champ = judge(CHAMPION.name) if champion else ({}, None)
     return Evaluated(
         sites=evaluated_sites, raw=candidate,
         site_metrics={site: _numbers(metrics) for site, metrics in candidate.items()},
-        global_metrics=learning_task.global_metrics(candidate),
+        global_metrics=cand.metrics,
         champion=champion,
-        champion_sites={site: _numbers(m) for site, m in champion_by_site.items()} if champion_by_site else None,
-        champion_global=learning_task.global_metrics(champion_by_site) if champion_by_site else None)
+        champion_sites={site: _numbers(m) for site, m in champion_by_site.items()} if champ else None,
+        champion_global=champ.metrics if champ else None,
+        distrusted=sorted({*cand.disagreeing, *(champ.disagreeing if champ else {})}))
 
 
 def register(job: Job, mlruns: dict[str, str], outcome: RoundsOutcome, evaluated: Evaluated, norm: dict[str, Any],

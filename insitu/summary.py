@@ -68,6 +68,9 @@ def job_summary(
         "validation": [{"round": h.round, "value": h.value, "sites": h.sites} for h in selection.selection.history]
         if selection else [],
         "metric_names": list(conf.task.summary_metrics),
+        # Sites whose reported numbers were refused or disagreed with the other sites' (insitu.federated.claims,
+        # insitu.federated.consensus): named, with why, for whoever reads the job's outcome.
+        "suspects": {s: list(why) for s, why in selection.selection.suspects.items()} if selection else {},
     }
 
 
@@ -180,4 +183,7 @@ def summary_markdown(s: dict[str, Any]) -> str:
     ]
     if (line := withheld_line(s)) is not None:
         lines += ["", line]
+    if s.get("suspects"):
+        lines += ["", "Sites whose reported numbers were refused or disagreed with the others:", "",
+                  *(f"- {site}: {'; '.join(why)}" for site, why in sorted(s["suspects"].items()))]
     return "\n".join(lines)

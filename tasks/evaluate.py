@@ -15,7 +15,7 @@ from prefect import get_run_logger, task
 from torch import nn
 
 from insitu.federated.exchange import Exchange, enforce_protocol
-from insitu.federated.kinds import COORDINATOR, MIN_ROWS, site_budgets
+from insitu.federated.kinds import COORDINATOR, MIN_ROWS, ExchangeError, site_budgets
 from insitu.federated.paths import EVALUATION, global_weights, validation, weights
 from insitu.metrics import withheld
 from insitu.models import build_model
@@ -88,10 +88,22 @@ def validate_round(ctx: SiteContext, rnd: int, x: np.ndarray, y: np.ndarray, nor
     return metrics
 
 
-def read_validation(ex: Exchange, rnd: int, sites: list[str]) -> dict[str, dict[str, Any]]:
-    """The validations of global model ``rnd`` that these sites published (schema-checked as read)."""
-    return {s: ex.get_json(validation(rnd), writer=s)["metrics"] for s in sites
-            if ex.exists(validation(rnd), writer=s)}
+def read_validation(ex: Exchange, rnd: int, sites: list[str],
+                    invalid: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """The validations of global model ``rnd`` that these sites published (schema-checked as read).
+
+    A document the protocol's schema refuses is left out, with its reason in ``invalid`` (when given): one
+    site's bad document does not stop the job.
+    """
+    out = {}
+    for s in sites:
+        if ex.exists(validation(rnd), writer=s):
+            try:
+                out[s] = ex.get_json(validation(rnd), writer=s)["metrics"]
+            except ExchangeError as e:
+                if invalid is not None:
+                    invalid[s] = str(e)
+    return out
 
 
 def validation_rows(context: SiteContext) -> tuple[np.ndarray, np.ndarray] | None:

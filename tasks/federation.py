@@ -12,15 +12,18 @@ from prefect import get_run_logger, task
 from insitu.conf import TrainingConfig
 from insitu.data.features import feature_names
 from insitu.federated.aggregators import Aggregator
+from insitu.federated.claims import SCHEMA_RULE, ClaimRefusal
 from insitu.federated.exchange import Exchange
 from insitu.federated.kinds import COORDINATOR
 from insitu.federated.paths import GLOBAL_STATS, PREPARE_STATS, STOP, global_weights, validation
 from insitu.federated.rounds import collect, run_round
 from insitu.federated.stats import combine, mean_std
-from insitu.federated.validation import RoundValidation
+from insitu.federated.validation import RoundValidation, Selection
+from insitu.governance.audit_service import Auditor
 from insitu.job import JobSpec
 from insitu.models import Normalization, build_model
 from insitu.specs import TaskSpec
+from tasks.claims import audit_refusals, committed_counts, judged_metrics
 from tasks.evaluate import read_validation
 
 
@@ -65,15 +68,20 @@ def aggregate_round(
     ex: Exchange, rnd: int, sites: list[str], min_sites: int, deadline_s: float,
     is_alive: Callable[[str], bool] | None = None,
     aggregator: Aggregator | None = None,
+    committed: dict[str, dict[str, int]] | None = None,
+    audit: Auditor | None = None,
+    flow_run_id: str | None = None,
 ) -> dict[str, Any]:
     """Wait for the sites' updates until the deadline, check the quorum, aggregate, publish the next global.
 
     A site that misses the deadline is logged and skipped for this round; so is one whose update the
-    protocol refuses (with the reason, in the result's ``rejected``). A site over its byte budget on the
-    exchange stops the job (ProtocolViolation).
+    protocol refuses (with the reason, in the result's ``rejected``), and one whose update claims more rows
+    than its site ``committed`` (audited as ``update.refused``). A site over its byte budget on the exchange
+    stops the job (ProtocolViolation).
     """
     logger = get_run_logger()
-    res = run_round(ex, rnd, sites, min_sites, deadline_s, is_alive, aggregator=aggregator)
+    res = run_round(ex, rnd, sites, min_sites, deadline_s, is_alive, aggregator=aggregator, committed=committed)
+    audit_refusals(audit, ex.job_id, flow_run_id, "update.refused", res.refused_claims, round=rnd)
     late = [s for s in res.missing if s not in res.rejected]
     if late:
         logger.warning("round %d: no update from %s within %.0fs; skipped for this round", rnd, late, deadline_s)
@@ -96,21 +104,43 @@ class FederatedRounds:
     aggregator: Aggregator
     is_alive: Callable[[str], bool]
     record_round: Callable[[int, dict[str, Any] | None, RoundValidation | None, dict[str, dict[str, Any]]], None]
+    audit: Auditor | None = None
+    flow_run_id: str | None = None
+    selection: Selection | None = None  # where sites whose numbers were refused or disagreed are named
     _per_site: dict[str, dict[str, Any]] = field(default_factory=dict, init=False)  # the last validation read
+    _committed: dict[str, dict[str, int]] | None = field(default=None, init=False)
+
+    @property
+    def committed(self) -> dict[str, dict[str, int]]:
+        """Each site's rows per split from its prepare statistics (read once: they precede round 0)."""
+        if self._committed is None:
+            self._committed = committed_counts(self.ex, self.sites)
+        return self._committed
 
     def aggregate(self, rnd: int) -> dict[str, Any]:
         f = self.training.federation
         return aggregate_round(self.ex, rnd, self.sites, f.min_sites, f.round_deadline_s, self.is_alive,
-                               self.aggregator)
+                               self.aggregator, self.committed, self.audit, self.flow_run_id)
 
     def validation(self, rnd: int, wait: bool) -> tuple[dict[str, float], list[str]] | None:
         if wait:  # the last global model: its validations may still be on their way
             collect(self.ex, validation(rnd), self.sites, self.training.federation.round_deadline_s, self.is_alive)
-        self._per_site = read_validation(self.ex, rnd, self.sites)
-        published = [s for s, m in self._per_site.items() if "withheld" not in m]
-        if not published:
+        invalid: dict[str, str] = {}
+        self._per_site = read_validation(self.ex, rnd, self.sites, invalid)
+        for site, why in invalid.items():
+            audit_refusals(self.audit, self.ex.job_id, self.flow_run_id, "metrics.refused", [ClaimRefusal(
+                site, SCHEMA_RULE, f"the validation of global model {rnd}", None, None, why)])
+            if self.selection is not None:
+                self.selection.suspect(site, why)
+        v = self.training.validation
+        metric = self.task.gate_metric(v.metric or self.training.gate.primary_metric).name
+        # Out-of-range documents are left out (audited); the rest combined robustly with 3 or more sites.
+        judged = judged_metrics(self._per_site, self.committed, self.task, v, metric, "val",
+                                f"the validation of global model {rnd}", self.audit, self.ex.job_id,
+                                self.flow_run_id, self.selection)
+        if not judged.sites:
             return None
-        return self.task.global_metrics(self._per_site), published
+        return judged.metrics, judged.sites
 
     def record(self, rnd: int, result: dict[str, Any] | None, validation: RoundValidation | None) -> None:
         self.record_round(rnd, result, validation, self._per_site)

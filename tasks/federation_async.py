@@ -24,6 +24,7 @@ from insitu.federated.rounds import collect
 from insitu.federated.validation import RoundValidation, Selection
 from insitu.governance.audit_service import Auditor
 from insitu.specs import TaskSpec
+from tasks.claims import committed_counts, judged_metrics
 from tasks.evaluate import read_validation
 
 
@@ -32,7 +33,7 @@ def open_server(ex: Exchange, training: TrainingConfig, sites: list[str]) -> Par
     limit = update_limit(training)
     assert limit is not None, "open_server is for federation.mode: async"
     server = ParameterServer(ex, build_algorithm(training.federation.asynchronous), sites, training.rounds, limit,
-                             max_update_norm=MAX_UPDATE_NORM)
+                             max_update_norm=MAX_UPDATE_NORM, committed=committed_counts(ex, sites))
     if server.version or server.decisions:
         get_run_logger().info("async job %s resumed: version %d of %d, %d update(s) decided before", ex.job_id,
                               server.version, server.target, server.decisions)
@@ -50,8 +51,10 @@ def apply_update(server: ParameterServer, arrival: Arrival, audit: Auditor, flow
     pending = server.decide(arrival)
     r = pending.receipt
     if not r.accepted:
+        claim = pending.claim.as_audit() if pending.claim else {}  # rule, claimed and committed rows
         audit.append("update.refused", job_id=server.ex.job_id, flow_run_id=flow_run_id, site=r.site, seq=r.seq,
-                     base_version=r.base_version, version=r.version, staleness=r.staleness, reason=r.reason)
+                     base_version=r.base_version, version=r.version, staleness=r.staleness,
+                     **{**claim, "reason": r.reason})
         logger.warning("update %d of %s refused (the site is told to refresh): %s", r.seq, r.site, r.reason)
     result = server.commit(pending)
     if result is not None:
@@ -102,10 +105,12 @@ def run_async(ex: Exchange, sites: list[str], training: TrainingConfig, task_spe
     results = serve(server, deadline, is_alive, audit, flow_run_id, on_version)
     last = server.version
     collect(ex, validation(last), sites, deadline, is_alive)  # the final version's: may still be on their way
+    committed = committed_counts(ex, sites)
     for v in range(last + 1):
         per_site = read_validation(ex, v, sites)
-        published = [s for s, m in per_site.items() if "withheld" not in m]
-        if published:
-            on_validation(v, selection.observe(v, task_spec.global_metrics(per_site), published), per_site)
+        judged = judged_metrics(per_site, committed, task_spec, training.validation, selection.metric.name, "val",
+                                f"the validation of global version {v}", audit, ex.job_id, flow_run_id, selection)
+        if judged.sites:
+            on_validation(v, selection.observe(v, judged.metrics, judged.sites), per_site)
     selected, why = selection.selected(last)
     return RoundsOutcome(results, last, selected, why, False, selection)

@@ -17,7 +17,7 @@ from insitu.conf.datasets import DatasetConfig, DatasetsConfig
 from insitu.conf.errors import ConfigError, explain, short
 from insitu.conf.names import CONF_NAME
 from insitu.conf.sites import SitesConfig
-from insitu.conf.training import TrainingConfig
+from insitu.conf.training import TrainingConfig, default_aggregator
 from insitu.conf.yaml_loader import read_yaml
 
 
@@ -176,7 +176,7 @@ def load_conf(
     return Conf(
         sites=sites,
         datasets=datasets,
-        training=train,
+        training=default_aggregator(train, len(with_data)),
         dataset_name=dataset,
         paths={"sites": str(d / "sites.yaml"), "datasets": str(dpath), "training": str(tpath)},
     )

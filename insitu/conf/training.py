@@ -67,7 +67,7 @@ class AggregatorConfig(Strict):
     name, with its options (e.g. ``{name: fedprox, options: {mu: 0.01}}``)."""
 
     name: str = "fedavg"
-    """an aggregator of insitu/federated/aggregators/"""
+    """an aggregator of insitu/federated/aggregators/ (left out: median for a sync job of 3+ sites, else fedavg)"""
     options: dict[str, Any] = Field(default_factory=dict)
     """the aggregator's own options (see per aggregator below)"""
 
@@ -175,6 +175,17 @@ class ValidationConfig(Strict):
     min_delta: Annotated[float, Field(ge=0.0)] = Field(0.0, description="smaller improvements do not count")
     select: Literal["best", "last"] = Field(
         "best", description="the model registered and gated: the best round by the validation metric, or the last")
+    combine: Literal["auto", "pooled", "median", "trimmed_mean"] = Field(
+        "auto", description="how the sites' validation and test metrics combine where they decide something (the "
+                            "best round, early stopping, the gate): pooled (the task's exact sample-weighted "
+                            "combination), median or trimmed_mean across sites (one lying site cannot move them); "
+                            "auto: median with 3 or more sites, pooled below")
+    trim: Annotated[float, Field(ge=0.0, lt=0.5)] = Field(
+        0.34, description="combine trimmed_mean: the fraction of sites dropped at each end (rounded down; 0.34 "
+                          "drops one of three)")
+    max_disagreement: Annotated[float, Field(gt=0.0)] = Field(
+        0.25, description="a site whose metric differs from the median of the other sites' by more than this is "
+                          "named in the job summary and the log (3 or more sites)")
 
 
 class RegistryConfig(Strict):
@@ -247,3 +258,18 @@ class TrainingConfig(Strict):
                            "stop early on): set validation.select: last and validation.patience: 0",
                            at=("validation",))
         return self
+
+
+ROBUST_AGGREGATOR = "median"
+ROBUST_FROM_SITES = 3
+
+
+def default_aggregator(t: TrainingConfig, n_sites: int) -> TrainingConfig:
+    """``t`` with the aggregator a config that names none gets: the coordinate-wise median for a synchronous job
+    of ``ROBUST_FROM_SITES`` or more sites (no one site can pull the global model where it likes, whatever it
+    claims), FedAvg otherwise (with two sites a median is their mean; async mode combines updates with its own
+    algorithm). An aggregator the config names is kept."""
+    if "aggregator" in t.model_fields_set:
+        return t
+    robust = t.federation.mode == "sync" and n_sites >= ROBUST_FROM_SITES
+    return t.model_copy(update={"aggregator": AggregatorConfig(name=ROBUST_AGGREGATOR if robust else "fedavg")})

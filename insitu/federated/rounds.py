@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from insitu.federated.aggregators import Aggregator, FedAvg, Update
+from insitu.federated.claims import ClaimRefusal, n_samples_refusal
 from insitu.federated.exchange import Exchange, enforce_protocol
 from insitu.federated.kinds import COORDINATOR, MAX_UPDATE_NORM, ExchangeError, site_budgets
 from insitu.federated.paths import Document, aggregator_state, global_weights, update
@@ -37,6 +38,7 @@ class RoundResult:
     resumed: bool = False
     sha256: str = ""
     rejected: dict[str, str] = field(default_factory=dict)  # site -> why its update was not used (also in missing)
+    refused_claims: list[ClaimRefusal] = field(default_factory=list)  # for the coordinator's audit log
 
     def as_dict(self) -> dict[str, Any]:
         return {"round": self.round, "sites": self.sites, "missing": self.missing, "n_samples": self.n_samples,
@@ -109,6 +111,7 @@ def run_round(
     is_alive: Callable[[str], bool] | None = None,
     max_update_norm: float = MAX_UPDATE_NORM,
     aggregator: Aggregator | None = None,
+    committed: Mapping[str, Mapping[str, int]] | None = None,
 ) -> RoundResult:
     """Collect, check the quorum, aggregate (FedAvg unless ``aggregator`` says otherwise), publish the global
     weights of round ``rnd + 1``.
@@ -116,6 +119,10 @@ def run_round(
     A stateful aggregator (FedAdam's moments) gets back the state it kept after the previous round, read from
     the exchange, and its new state is written there before the new global weights: a resumed job (whose
     finished rounds are recognised by their weights) therefore always finds the state that goes with them.
+
+    ``committed`` is each site's rows per split from its prepare statistics
+    (:func:`insitu.federated.claims.committed_rows`): an update claiming more training rows than its site
+    committed is rejected like an invalid one, and its refusal kept in ``refused_claims`` for the audit log.
 
     Raises
     ------
@@ -145,13 +152,18 @@ def run_round(
     global_state, base = ex.get_state(global_weights(rnd), writer=COORDINATOR)
     # Before any update is read: a site over its budget (or writing outside the protocol) stops the job.
     enforce_protocol(ex, site_budgets(rnd + 1, int(base["bytes"])), f"round {rnd}")
-    updates, metrics, rejected = [], {}, {}
+    updates, metrics, rejected, refused = [], {}, {}, []
     for s in arrived:
         try:
             state, man = ex.get_state(update(rnd), writer=s, reference=global_state,
                                       max_norm=max_update_norm)
             if man["round"] != rnd or man["base_sha256"] != base["sha256"]:
                 raise ExchangeError(f"{s}'s update was not trained from round {rnd}'s global weights")
+            claim = None if committed is None else n_samples_refusal(
+                s, f"the update of round {rnd}", int(man["n_samples"]), committed.get(s))
+            if claim is not None:
+                refused.append(claim)
+                raise ExchangeError(claim.reason)
         except ExchangeError as e:
             log.warning("round %d: %s's update is rejected: %s", rnd, s, e)
             rejected[s] = str(e)
@@ -173,7 +185,8 @@ def run_round(
         ex.put_state(aggregator_state(rnd + 1), kept)
     man = ex.put_state(global_weights(rnd + 1), new_global, reference=global_state,
                        max_norm=max_update_norm, round=rnd + 1, sites=arrived, n_samples=total)
-    return RoundResult(rnd, arrived, missing, total, metrics, sha256=man["sha256"], rejected=rejected)
+    return RoundResult(rnd, arrived, missing, total, metrics, sha256=man["sha256"], rejected=rejected,
+                       refused_claims=refused)
 
 
 def _round_metrics(manifest: dict[str, Any]) -> dict[str, Any]:

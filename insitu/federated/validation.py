@@ -35,6 +35,14 @@ class Selection:
     metric: GateMetric
     config: ValidationConfig
     history: list[RoundValidation] = field(default_factory=list)
+    # Sites whose numbers were refused or disagreed with the others' (insitu.federated.consensus), and why.
+    suspects: dict[str, list[str]] = field(default_factory=dict)
+
+    def suspect(self, site: str, why: str, keep: int = 8) -> None:
+        """Name ``site`` with ``why`` (its first ``keep`` distinct reasons are kept for the summary)."""
+        reasons = self.suspects.setdefault(site, [])
+        if why not in reasons and len(reasons) < keep:
+            reasons.append(why)
 
     def observe(self, rnd: int, metrics: dict[str, float], sites: list[str]) -> RoundValidation:
         value = float(metrics.get(self.metric.name, math.nan))

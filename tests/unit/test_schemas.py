@@ -189,3 +189,12 @@ def test_a_read_survives_the_object_being_replaced_between_open_and_read(tmp_pat
 
     assert site.get_json(ABORT, writer="coordinator")["reason"] == "x"
     assert len(calls) == 2
+
+
+def test_a_summary_naming_suspect_sites_fits(tmp_path: Path, conf: JobSpec) -> None:
+    gate = {"passed": True, "reason": "first", "primary_metric": "pr_auc"}
+    summary = _summary(tmp_path, conf, gate) | {"suspects": {"us": ["the evaluation of round-0002 of us: pr_auc 1.5 "
+                                                                    "is outside [0, 1] [integrity.metrics-range]"]}}
+    coord = _ex(tmp_path, "coordinator")
+    coord.put_json("summary", "summary.json", summary)
+    assert coord.get_json("summary", "summary.json")["suspects"]["us"][0].startswith("the evaluation")

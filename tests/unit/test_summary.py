@@ -81,3 +81,11 @@ def test_sites_left_out_by_the_row_floor_are_named() -> None:
     line = withheld_line({"withheld": w})
     assert line is not None and "test metrics: apac" in line and "PR curve: apac, us" in line
     assert withheld_line({"withheld": {"PR curve": []}}) is None
+
+
+def test_the_summary_names_the_sites_whose_numbers_were_refused_or_disagreed() -> None:
+    md = summary_markdown({**SUMMARY, "suspects": {"apac": ["the validation of global model 0 of apac counts "
+                                                            "1,000,000,000,000 rows", "pr_auc differs"]}})
+    assert "Sites whose reported numbers were refused or disagreed with the others:" in md
+    assert "- apac: the validation of global model 0 of apac counts 1,000,000,000,000 rows; pr_auc differs" in md
+    assert "refused or disagreed" not in summary_markdown(SUMMARY)

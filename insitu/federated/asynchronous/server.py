@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from insitu.federated.asynchronous.base import AsyncAlgorithm, Decision, Receipt, ServerState, SiteUpdate
+from insitu.federated.claims import ClaimRefusal, n_samples_refusal
 from insitu.federated.exchange import Exchange, enforce_protocol
 from insitu.federated.kinds import COORDINATOR, MAX_UPDATE_NORM, ExchangeError, site_budgets
 from insitu.federated.paths import ASYNC_STATE, NEWEST, async_buffer, async_update, global_weights, refresh, weights
@@ -57,6 +58,7 @@ class Pending:
 
     decision: Decision
     arrival: Arrival
+    claim: ClaimRefusal | None = None  # an update refused for claiming more rows than its site committed
 
     @property
     def receipt(self) -> Receipt:
@@ -67,8 +69,10 @@ class ParameterServer:
     """One async job's server state, read from the exchange (a resumed job continues it) and kept there."""
 
     def __init__(self, ex: Exchange, algorithm: AsyncAlgorithm, sites: list[str], target: int, update_limit: int,
-                 max_update_norm: float = MAX_UPDATE_NORM) -> None:
+                 max_update_norm: float = MAX_UPDATE_NORM,
+                 committed: Mapping[str, Mapping[str, int]] | None = None) -> None:
         self.ex, self.algorithm, self.sites, self.target = ex, algorithm, sites, target
+        self.committed = committed  # rows per split from each site's prepare statistics (None: not checked)
         self.update_limit, self.max_update_norm = update_limit, max_update_norm
         self.decisions = 0
         self.next_seq = {s: 0 for s in sites}
@@ -157,6 +161,7 @@ class ParameterServer:
         enforce_protocol(self.ex, site_budgets(self.target, self.model_bytes, self.update_limit),
                          f"async version {self.version}")
         s, seq, man = arrival.site, arrival.seq, arrival.manifest
+        claim = None
         try:
             if "error" in man:
                 raise ExchangeError(man["error"])
@@ -169,12 +174,16 @@ class ParameterServer:
                 raise ExchangeError(f"{s}'s update {seq} was not trained from version {base_version}'s weights")
             state, man = self.ex.get_state(async_update(seq), writer=s, reference=base, max_norm=self.max_update_norm)
             arrival.manifest = man
+            if self.committed is not None:
+                claim = n_samples_refusal(s, f"async update {seq}", int(man["n_samples"]), self.committed.get(s))
+                if claim is not None:
+                    raise ExchangeError(claim.reason)
         except ExchangeError as e:
             log.warning("async: %s's update %d is refused: %s", s, seq, e)
             base_v = min(max(int(man.get("base_version", self.version) or 0), 0), self.version)
             receipt = Receipt(s, seq, base_v, self.version - base_v, False, self.version,
                               reason=f"invalid update: {e}")
-            return Pending(Decision(self.state, None, receipt), arrival)
+            return Pending(Decision(self.state, None, receipt), arrival, claim)
         update = SiteUpdate(s, seq, base_version, state, base, int(man["n_samples"]))
         return Pending(self.algorithm.receive(self.state, self.global_state, update), arrival)
 

@@ -13,7 +13,6 @@ from pydantic import Field, model_validator
 from insitu.federated.documents.base import (
     MAX_ROUNDS,
     MAX_SITES,
-    Count,
     Doc,
     Ident,
     JobId,
@@ -65,10 +64,16 @@ MAX_BUFFER = 1000
 AppliedList = Annotated[list[AppliedUpdate], Field(max_length=MAX_BUFFER)]
 
 
+# A global model's rows: the sum of its updates' counts. Bounded by what every update (MAX_SAMPLES each) of a full
+# buffer from every site could add up to, so that no site's claim can break the coordinator's own manifest.
+MAX_SAMPLES = 10**15
+TotalSamples = Annotated[int, Field(ge=0, le=MAX_SAMPLES * MAX_SITES * MAX_BUFFER)]
+
+
 class WeightsManifest(StateManifest):
     round: Annotated[int, Field(ge=0, le=MAX_ROUNDS + 1)] | None = None
     sites: Annotated[list[Site], Field(max_length=MAX_SITES)] | None = None
-    n_samples: Count | None = None
+    n_samples: TotalSamples | None = None
     version: Ident | None = None  # the registry version of a champion
     applied: AppliedList | None = None  # async mode: the updates this version was made of
     decisions: Annotated[int, Field(ge=0, le=10**7)] | None = None  # async buffer: after which decision
@@ -82,7 +87,7 @@ class WeightsManifest(StateManifest):
 
 class UpdateManifest(StateManifest):
     round: Annotated[int, Field(ge=0, le=MAX_ROUNDS)]
-    n_samples: Annotated[int, Field(ge=MIN_ROWS, le=10**15)]  # an update from fewer rows describes them
+    n_samples: Annotated[int, Field(ge=MIN_ROWS, le=MAX_SAMPLES)]  # an update from fewer rows describes them
     base_sha256: Sha256
     metrics: TrainMetrics = TrainMetrics()
     ran_as: RanAs | None = None
@@ -99,7 +104,7 @@ class AsyncUpdateManifest(StateManifest):
 
     seq: Annotated[int, Field(ge=0, le=10**6)]
     base_version: Annotated[int, Field(ge=0, le=MAX_ROUNDS)]
-    n_samples: Annotated[int, Field(ge=MIN_ROWS, le=10**15)]  # an update from fewer rows describes them
+    n_samples: Annotated[int, Field(ge=MIN_ROWS, le=MAX_SAMPLES)]  # an update from fewer rows describes them
     base_sha256: Sha256
     metrics: TrainMetrics = TrainMetrics()
     ran_as: RanAs | None = None

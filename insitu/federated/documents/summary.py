@@ -99,3 +99,5 @@ class Summary(Doc):
     stopped_early: bool = False
     validation: Annotated[list[ValidationPoint], Field(max_length=MAX_ROUNDS + 1)] = []
     metric_names: Annotated[list[MetricName], Field(max_length=8)] = list(BINARY_METRIC_NAMES)
+    # site -> why its reported numbers were refused or disagreed with the others' (insitu.federated.consensus)
+    suspects: Annotated[dict[Site, Annotated[list[Text], Field(max_length=8)]], Field(max_length=MAX_SITES)] = {}
