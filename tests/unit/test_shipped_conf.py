@@ -163,3 +163,8 @@ def test_the_shipped_digits_config_trains_the_seeded_digits_federatedly(file_con
     assert g["macro_f1"] >= 0.85, (g, {s: m["macro_f1"] for s, m in per_site.items()})
     assert all(m["macro_f1"] >= 0.8 for m in per_site.values()), per_site
     assert task.gate_metric(t.gate.primary_metric).meets(g["macro_f1"], t.gate.absolute_floor)
+
+
+def test_the_demo_job_aggregates_robustly() -> None:
+    """fraud.yaml names no aggregator and 3 sites hold the demo's shards: the median (docs/security.md)."""
+    assert load_job("fraud", "fraud", directory=SHIPPED).aggregator.name == "median"
