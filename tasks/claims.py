@@ -55,7 +55,7 @@ def judged_metrics(per_site: Mapping[str, Mapping[str, Any]], committed: Mapping
     j = judge(task, per_site, committed, split, what, metric, config)
     audit_refusals(audit, job_id, flow_run_id, "metrics.refused", j.refused)
     for site, gap in j.disagreeing.items():
-        why = (f"{what}: {metric} differs from the other sites' median by {gap:+.4f} (more than "
+        why = (f"{what}: {metric} differs from the sites' median by {gap:+.4f} (more than "
                f"validation.max_disagreement {config.max_disagreement:g})")
         _logger().warning("site %s disagrees with the others: %s", site, why)
         if selection is not None:

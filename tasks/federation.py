@@ -12,7 +12,7 @@ from prefect import get_run_logger, task
 from insitu.conf import TrainingConfig
 from insitu.data.features import feature_names
 from insitu.federated.aggregators import Aggregator
-from insitu.federated.claims import SCHEMA_RULE, ClaimRefusal
+from insitu.federated.claims import N_SAMPLES_RULE, SCHEMA_RULE, ClaimRefusal
 from insitu.federated.exchange import Exchange
 from insitu.federated.kinds import COORDINATOR
 from insitu.federated.paths import GLOBAL_STATS, PREPARE_STATS, STOP, global_weights, validation
@@ -119,8 +119,12 @@ class FederatedRounds:
 
     def aggregate(self, rnd: int) -> dict[str, Any]:
         f = self.training.federation
-        return aggregate_round(self.ex, rnd, self.sites, f.min_sites, f.round_deadline_s, self.is_alive,
-                               self.aggregator, self.committed, self.audit, self.flow_run_id)
+        result = aggregate_round(self.ex, rnd, self.sites, f.min_sites, f.round_deadline_s, self.is_alive,
+                                 self.aggregator, self.committed, self.audit, self.flow_run_id)
+        for site, why in result["rejected"].items():
+            if N_SAMPLES_RULE in why and self.selection is not None:  # a claim, not a fault: named in the summary
+                self.selection.suspect(site, why)
+        return result
 
     def validation(self, rnd: int, wait: bool) -> tuple[dict[str, float], list[str]] | None:
         if wait:  # the last global model: its validations may still be on their way

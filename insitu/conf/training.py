@@ -184,8 +184,8 @@ class ValidationConfig(Strict):
         0.34, description="combine trimmed_mean: the fraction of sites dropped at each end (rounded down; 0.34 "
                           "drops one of three)")
     max_disagreement: Annotated[float, Field(gt=0.0)] = Field(
-        0.25, description="a site whose metric differs from the median of the other sites' by more than this is "
-                          "named in the job summary and the log (3 or more sites)")
+        0.25, description="a site whose metric differs from the sites' median by more than this is named in the job "
+                          "summary and the log (3 or more sites)")
 
 
 class RegistryConfig(Strict):

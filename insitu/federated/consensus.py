@@ -4,7 +4,7 @@ The task's own combination (``pooled``: sample-weighted, or exact from sums) is 
 would be; it is also what one site moves at will by reporting a high value over many rows. ``median`` and
 ``trimmed_mean`` take each metric across the sites instead, unweighted: with three or more sites one site's
 number alone cannot pull them past the honest ones'. Which is used (``validation.combine``) decides the best
-round, early stopping and the gate; a site whose metric disagrees with the median of the others by more than
+round, early stopping and the gate; a site whose metric differs from the sites' median by more than
 ``validation.max_disagreement`` is named (the summary, the log).
 """
 
@@ -70,19 +70,16 @@ def combine(task: Combines, per_site: Mapping[str, Mapping[str, Any]], how: str,
 
 
 def disagreeing(values: Mapping[str, float], bound: float) -> dict[str, float]:
-    """Sites whose value differs from the median of the *other* sites' by more than ``bound`` (and by how much).
+    """Sites whose value differs from the median of all the sites' by more than ``bound`` (and by how much).
 
-    Needs at least two other sites with a value: with two sites in all, neither can tell which one is off.
+    Needs at least three sites with a value: with two, neither can tell which one is off. (The median of the
+    *other* sites would not do: with three sites it is the mean of the other two, which a liar moves.)
     """
     finite = {s: v for s, v in values.items() if not math.isnan(v)}
-    out: dict[str, float] = {}
-    for s, v in finite.items():
-        others = [o for t, o in finite.items() if t != s]
-        if len(others) >= 2:
-            gap = v - float(statistics.median(others))
-            if abs(gap) > bound:
-                out[s] = gap
-    return out
+    if len(finite) < 3:
+        return {}
+    middle = float(statistics.median(finite.values()))
+    return {s: v - middle for s, v in finite.items() if abs(v - middle) > bound}
 
 
 @dataclass
