@@ -51,10 +51,12 @@ def apply_update(server: ParameterServer, arrival: Arrival, audit: Auditor, flow
     pending = server.decide(arrival)
     r = pending.receipt
     if not r.accepted:
-        claim = pending.claim.as_audit() if pending.claim else {}  # rule, claimed and committed rows
+        # a refused claim adds its rule, what, claimed and committed rows
+        claim = {k: v for k, v in (pending.claim.as_audit() if pending.claim else {}).items()
+                 if k not in ("site", "reason")}
         audit.append("update.refused", job_id=server.ex.job_id, flow_run_id=flow_run_id, site=r.site, seq=r.seq,
-                     base_version=r.base_version, version=r.version, staleness=r.staleness,
-                     **{**claim, "reason": r.reason})
+                     base_version=r.base_version, version=r.version, staleness=r.staleness, reason=r.reason,
+                     **claim)
         logger.warning("update %d of %s refused (the site is told to refresh): %s", r.seq, r.site, r.reason)
     result = server.commit(pending)
     if result is not None:

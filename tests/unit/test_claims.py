@@ -128,3 +128,32 @@ def test_robust_aggregation_is_the_default_for_three_or_more_sites() -> None:
     named = TrainingConfig.model_validate({"aggregator": "fedavg"})
     assert default_aggregator(named, 5).aggregator.name == "fedavg"  # an explicit choice is kept
 
+
+
+def test_the_coordinator_audits_a_refused_async_claim_with_its_numbers(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    import tasks.federation_async as federation_async
+
+    coord = _ex(tmp_path, COORDINATOR)
+    coord.put_state(global_weights(0), GLOBAL, round=0)
+    server = ParameterServer(coord, build_algorithm(AsyncConfig()), ["eu", "us"], 3, update_limit=10,
+                             committed={"eu": {"train": 100}, "us": {"train": 100}})
+    eu = _ex(tmp_path, "eu")
+    base, man = eu.get_state(global_weights(0), writer=COORDINATOR)
+    eu.put_state(async_update(0), {"w": base["w"] + 1}, reference=base, seq=0, base_version=0, n_samples=10**9,
+                 base_sha256=man["sha256"])
+    events: list[tuple[str, dict[str, object]]] = []
+
+    class Audit:
+        def append(self, event: str, **fields: object) -> None:
+            events.append((event, fields))
+
+    monkeypatch.setattr(federation_async, "get_run_logger", lambda: logging.getLogger("test"))
+    (arrival,) = server.wait(2.0)
+    out = federation_async.apply_update.fn(server, arrival, Audit(), None)  # type: ignore[arg-type]
+    assert not out["receipt"]["accepted"]
+    ((event, fields),) = events
+    assert event == "update.refused" and fields["site"] == "eu" and fields["rule"] == N_SAMPLES_RULE
+    assert fields["claimed"] == 1e9 and fields["committed"] == 100 and fields["seq"] == 0
