@@ -21,6 +21,7 @@ import textwrap
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,7 +97,7 @@ ATTACKER = textwrap.dedent("""
 """)
 
 
-def _as(account: Account, args: list[str], home: Path, timeout: float, **kw) -> subprocess.Popen | subprocess.CompletedProcess:
+def _as(account: Account, args: list[str], home: Path, timeout: float, **kw: Any) -> Any:
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "TMPDIR": str(home), "PYTHONPATH": str(REPO),
            "DASK_TEMPORARY_DIRECTORY": str(home), "OMP_NUM_THREADS": "1", **kw.pop("env", {})}
     if kw.pop("background", False):
