@@ -18,8 +18,8 @@ from pydantic_core import PydanticUndefined
 
 from insitu.conf import DatasetsConfig, SitesConfig, TrainingConfig
 from insitu.federated.aggregators import AGGREGATORS
-from insitu.governance.policy import Limits
 from insitu.federated.asynchronous import ALGORITHMS
+from insitu.governance.policy import Limits
 from insitu.models import MODELS
 from insitu.parallel.strategies import strategies
 from insitu.specs import TASKS

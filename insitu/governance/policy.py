@@ -105,7 +105,8 @@ class Limits(ShardLimits):
     """The site's limits: its floor for published aggregates, and what one shard may be (checked before parsing)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    min_rows_per_aggregate: Annotated[int, Field(ge=1, le=1_000_000, description="fewest rows any published aggregate covers")] = 20
+    min_rows_per_aggregate: Annotated[int, Field(ge=1, le=1_000_000,
+                                                 description="fewest rows any published aggregate covers")] = 20
 
 
 class SitePolicy(BaseModel):
