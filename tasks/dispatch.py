@@ -69,3 +69,12 @@ def failed(runs: dict[str, FlowRun]) -> dict[str, str]:
             name = r.state.name if r.state else "UNKNOWN"
             out[site] = f"{name}: {r.state.message if r.state else ''}".strip()
     return out
+
+
+def cancel_runs(ids: dict[str, UUID]) -> None:
+    """Ask these runs to stop (a site left out of a phase must not keep its workers busy)."""
+    from prefect.states import Cancelling
+
+    with get_client(sync_client=True) as client:
+        for run_id in ids.values():
+            client.set_flow_run_state(run_id, Cancelling(message="left out: missed the phase's deadline"), force=True)
