@@ -22,10 +22,20 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from platform_helpers import job_events, run_flow, site_store
+from platform_helpers import (
+    e2e_name,
+    flow_runs_named,
+    job_events,
+    run_flow,
+    shipped_training,
+    site_store,
+    start_retrain,
+    wait_for_flow_run,
+    write_training,
+)
 
 from deployments.cli import signing as governance
-from deployments.platform import Platform
+from deployments.platform import COORDINATOR, Platform
 from insitu.conf import ShardConfig, load_conf
 from insitu.data.limits import ShardLimits
 from insitu.data.prepare import prepare_shard, quarantine_prefix
@@ -127,3 +137,23 @@ def test_an_unsigned_s3_request_gets_403_with_a_reason(deployed: Platform) -> No
                                                           method=method), timeout=10)
         body = e.value.read()
         assert e.value.code == 403 and b"<Code>AccessDenied</Code>" in body and b"sign the request" in body
+
+
+def test_a_stalled_prepare_cannot_hold_a_job_beyond_its_deadline(deployed: Platform, signer: Any,
+                                                                  shared_conf: Any) -> None:
+    """A deadline no site can meet (1 s: starting a site's run alone takes longer) stands for a stalled site:
+    each is left out with the reason, its run cancelled, and the quorum rule ends the job, audited."""
+    cfg = shipped_training(deployed.conf_dir, "fraud")
+    cfg.setdefault("federation", {})["prepare_deadline_s"] = 1
+    training = write_training(shared_conf, e2e_name("prepare-deadline"), cfg).stem
+    job_id = e2e_name("prepare-deadline")
+    fr = wait_for_flow_run(start_retrain({"training": training, "dataset": "fraud", "job_id": job_id,
+                                          "request": signer(training, job_id)}), 300)
+    assert fr.state.is_failed() and "missed the prepare deadline" in fr.state.message, fr.state.message
+    assert "federation.prepare_deadline_s" in fr.state.message
+    (failed,) = job_events(deployed, COORDINATOR, job_id, "job.failed")
+    assert failed["fields"]["phase"] == "prepare"
+    assert all("missed the prepare deadline" in why for why in failed["fields"]["failed_sites"].values())
+    site_runs = [r for r in flow_runs_named(job_id) if r.id != fr.id]
+    assert site_runs and all(wait_for_flow_run(r.id, 120).state.is_cancelled() or r.state.is_completed()
+                             for r in site_runs), [(r.name, r.state_name) for r in site_runs]
