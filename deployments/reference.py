@@ -19,6 +19,7 @@ from pydantic_core import PydanticUndefined
 from insitu.conf import DatasetsConfig, SitesConfig, TrainingConfig
 from insitu.federated.aggregators import AGGREGATORS
 from insitu.federated.asynchronous import ALGORITHMS
+from insitu.governance.policy import Limits
 from insitu.models import MODELS
 from insitu.parallel.strategies import strategies
 from insitu.specs import TASKS
@@ -104,6 +105,11 @@ def reference() -> str:
                          ("`training/<name>.yaml`", TrainingConfig)):
         out += [f"### {title}", ""]
         model_table(model, "", out)
+    out += ["### A site's policy: `limits`", "",
+            "Set by the site's admin in the site's signed policy (`insitu policy apply --as <site>-admin`), not in "
+            "`conf/`: each site decides its own. A shard over a limit is refused before any parser reads it, "
+            "quarantined with the reason and audited (`data.refused`, rule `limits.<name>`).", ""]
+    model_table(Limits, "limits.", out)
     names = {"`task.name` (learning task)": TASKS, "`model.name` (built in)": MODELS, "`aggregator.name`": AGGREGATORS,
              "`strategy` (in-site)": strategies(), "`federation.asynchronous.algorithm`": ALGORITHMS}
     out += ["### Component names", "", "| key | known names |", "| --- | --- |"]

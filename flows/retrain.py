@@ -21,6 +21,7 @@ from insitu.conf import JOB_ID_PATTERN, TrainingConfig, load_training, trusted_t
 from insitu.federated.aggregators import build_aggregator
 from insitu.federated.asynchronous import update_limit
 from insitu.federated.coordinator import RoundsOutcome, run_rounds
+from insitu.federated.deadlines import missed_deadline
 from insitu.federated.exchange import Exchange
 from insitu.federated.integrity import aggregated_sha256, registration_refusal
 from insitu.federated.kinds import COORDINATOR, MAX_UPDATE_NORM
@@ -41,7 +42,7 @@ from insitu.summary import collect_identities, job_summary, summary_markdown, wi
 from tasks.anchoring import countersign
 from tasks.claims import judge_evaluations
 from tasks.context import actor_identity, ran_as
-from tasks.dispatch import failed, run_states, start_site_runs, wait_for_runs
+from tasks.dispatch import cancel_runs, failed, run_states, start_site_runs, wait_for_runs
 from tasks.evaluate import read_evaluations
 from tasks.federation import FederatedRounds, publish_global_stats, publish_initial_weights
 from tasks.federation_async import run_async
@@ -197,9 +198,18 @@ def prepare(job: Job, plan: dict[str, list[str]]) -> list[str]:
         return reused
     run_ids = start_site_runs("site-prepare",
                               {site: {**job.common, "shards": shards} for site, shards in plan.items()}, job.pools)
-    failures = failed(wait_for_runs(run_ids, job.params.phase_timeout_s))
+    # A shard that stalls a site's preparation must not stall the job: past the deadline the site is left out.
+    deadline = min(job.params.phase_timeout_s, job.training.federation.prepare_deadline_s)
+    runs = wait_for_runs(run_ids, deadline)
+    late = missed_deadline({s: bool(r.state and r.state.is_final()) for s, r in runs.items()}, deadline, "prepare",
+                           "federation.prepare_deadline_s")
+    cancel_runs({site: run_ids[site] for site in late})
+    failures = {**failed(runs), **late}
     sites = [site for site in plan if site not in failures]
     require_quorum(job, "prepare", sites, failures)
+    if failures:
+        get_run_logger().warning("prepare: going on without %s", failures)
+        job.audit.append("job.sites_left_out", job_id=job.job_id, phase="prepare", failed_sites=failures)
     return sites
 
 

@@ -69,3 +69,19 @@ def failed(runs: dict[str, FlowRun]) -> dict[str, str]:
             name = r.state.name if r.state else "UNKNOWN"
             out[site] = f"{name}: {r.state.message if r.state else ''}".strip()
     return out
+
+
+def cancel_runs(ids: dict[str, UUID]) -> None:
+    """Stop these runs (a site left out of a phase must not keep its workers busy): a run that has not started
+    is cancelled at once (no worker would ever act on its Cancelling state), a running one is asked to stop."""
+    from prefect.states import Cancelled, Cancelling
+
+    why = "left out: missed the phase's deadline"
+    with get_client(sync_client=True) as client:
+        for run_id in ids.values():
+            state = client.read_flow_run(run_id).state
+            if state is not None and state.is_final():
+                continue
+            started = state is not None and (state.is_running() or state.is_paused())
+            client.set_flow_run_state(run_id, Cancelling(message=why) if started else Cancelled(message=why),
+                                      force=True)

@@ -34,7 +34,7 @@ def prepare_shards(ctx: SiteContext, shards: list[ShardConfig], job_id: str) -> 
     with Client(address, timeout=30) as client:
         futures = [
             client.submit(prepare_shard, ctx.store, s, schema, t.split, ctx.conf.dataset.split_key,
-                          ctx.conf.dataset_name, job_id,
+                          ctx.conf.dataset_name, job_id, ctx.policy.limits,
                           pure=False, key=f"prepare-{job_id}-{s.id}")
             for s in shards
         ]
@@ -47,7 +47,13 @@ def prepare_shards(ctx: SiteContext, shards: list[ShardConfig], job_id: str) -> 
             pass
         ctx.audit.append("data.read", shard=s.id, path=ctx.store.full_url(s.path), job_id=job_id,
                          flow_run_id=ctx.flow_run_id, rows=r.rows_read, quarantined=r.rows_quarantined,
-                         error=r.error)
+                         error=r.error, malformed_lines=r.malformed_lines[:100])
+        if r.refused_rule:
+            ctx.audit.append("data.refused", shard=s.id, path=ctx.store.full_url(s.path), job_id=job_id,
+                             flow_run_id=ctx.flow_run_id, rule=r.refused_rule, reason=r.error)
+        if r.malformed_lines:
+            logger.warning("shard %s: %d malformed line(s) quarantined (lines %s%s)", s.id, len(r.malformed_lines),
+                           r.malformed_lines[:20], "…" if len(r.malformed_lines) > 20 else "")
         if r.error:
             logger.warning("shard %s quarantined: %s", s.id, r.error)
         elif r.rows_quarantined:

@@ -74,9 +74,15 @@ def policy_apply(
     cedar: Annotated[Path | None, typer.Option(help="new Cedar rules (default: keep the current ones)")] = None,
     principals: Annotated[Path | None, typer.Option(help="JSON {name: {public_key, roles}} (default: keep)")] = None,
     min_rows: Annotated[int | None, typer.Option(help="minimum rows per published aggregate")] = None,
+    limit: Annotated[list[str] | None, typer.Option(help="a shard limit NAME=VALUE, e.g. max_line_bytes=65536 "
+                                                   "(repeat; default: keep; see docs/configuration.md)")] = None,
 ) -> None:
     """Sign a new version of the site's policy as one of its site admins and install it at the site."""
-    signing.apply(open_platform(state_dir, conf), site, as_, cedar, principals, min_rows)
+    try:
+        limits = {k.strip(): int(v) for k, v in (item.split("=", 1) for item in limit or [])}
+    except ValueError:
+        raise typer.BadParameter(f"--limit takes NAME=INTEGER, got {limit}") from None
+    signing.apply(open_platform(state_dir, conf), site, as_, cedar, principals, min_rows, limits)
 
 
 def iam_policies(

@@ -74,7 +74,7 @@ def show(p: Platform, site: str) -> None:
     for name, e in sorted(pol.principals.items()):
         t.add_row(name, ", ".join(e.roles), key_id(e.public_key))
     console.print(t)
-    console.print(f"limits: min rows per published aggregate = {pol.limits.min_rows_per_aggregate}")
+    console.print("limits: " + ", ".join(f"{k} = {v}" for k, v in pol.limits.model_dump().items()))
     console.print(pol.cedar)
 
 
@@ -111,8 +111,10 @@ def check(p: Platform, site: str, action: str, request_file: Path | None, as_: s
 
 
 def apply(p: Platform, site: str, as_: str | None, cedar_file: Path | None, principals_file: Path | None,
-          min_rows: int | None) -> None:
-    """Sign a new version of ``site``'s policy as a site admin and install it in the site's home."""
+          min_rows: int | None, limits: dict[str, int] | None = None) -> None:
+    """Sign a new version of ``site``'s policy as a site admin and install it in the site's home.
+
+    ``limits`` changes some of the policy's limits (``max_line_bytes``, …); the others are kept."""
     from insitu.governance.policy import Limits, PrincipalEntry, SitePolicy, sign_policy, verify_policy
     from insitu.governance.principals import load_private_key
 
@@ -130,12 +132,16 @@ def apply(p: Platform, site: str, as_: str | None, cedar_file: Path | None, prin
         principals = {n: PrincipalEntry.model_validate(e) for n, e in raw.items()}
     else:
         principals = current.principals  # type: ignore[union-attr]
-    limits = Limits(min_rows_per_aggregate=min_rows) if min_rows else (current.limits if current else Limits())
+    changed = {**(limits or {}), **({"min_rows_per_aggregate": min_rows} if min_rows else {})}
+    try:
+        new_limits = Limits.model_validate({**(current.limits if current else Limits()).model_dump(), **changed})
+    except ValueError as e:
+        raise fail(f"policy not applied: the limits are not valid: {e}") from None
     version = (current.version if current else _policy_version_on_disk(p, site)) + 1
     try:
         name, key_file = resolve_key_file(as_, default_dir=p.principals_dir)
         new = SitePolicy(site=site, version=version, issued_at=datetime.now(UTC), principals=principals,
-                         limits=limits, cedar=cedar)
+                         limits=new_limits, cedar=cedar)
         signed = sign_policy(new, name, load_private_key(key_file))
         verify_policy(signed, site, p.site_admins(site))  # the site would refuse it: refuse here, write nothing
     except (PolicyError, PrincipalError) as e:

@@ -4,6 +4,11 @@ moto serves ``/moto-api/`` beside S3 and IAM: unauthenticated, it can switch aut
 (``reset-auth``) and lists every user's secret key (``data.json``). Any local process could then read
 every site's store, so this endpoint answers 403 there: S3 and IAM requests are all that remain, and
 moto authenticates those once the platform's setup requests are spent (``INITIAL_NO_AUTH_ACTION_COUNT``).
+
+moto answers a request that carries no signature at all with HTTP 500 (it fails parsing the missing
+``Authorization``). Here such a request gets what S3 answers: 403 ``AccessDenied`` with the reason. Every
+request the platform makes is signed (its setup calls too, with a placeholder key), so unsigned requests are
+refused from the first one: they never use up moto's unauthenticated setup window either.
 """
 
 from __future__ import annotations
@@ -18,8 +23,21 @@ from typing import Any
 ADMIN_PREFIX = "/moto-api"
 
 
+UNSIGNED = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code><Message>Anonymous '
+            b"requests are not accepted by this endpoint: sign the request with an access key of this store (AWS "
+            b"Signature Version 4)</Message></Error>\n")
+
+
+def is_signed(environ: dict[str, Any]) -> bool:
+    """Whether a request carries an AWS signature: an ``Authorization`` header, or a presigned URL's query."""
+    if environ.get("HTTP_AUTHORIZATION", "").strip():
+        return True
+    query = environ.get("QUERY_STRING", "")
+    return "X-Amz-Signature=" in query or "Signature=" in query
+
+
 class RefuseAdminApi:
-    """WSGI middleware: 403 for moto's admin API, everything else to moto."""
+    """WSGI middleware: 403 for moto's admin API and for unsigned requests, everything else to moto."""
 
     def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
         self.app = app
@@ -28,6 +46,10 @@ class RefuseAdminApi:
         if environ.get("PATH_INFO", "").startswith(ADMIN_PREFIX):
             start_response("403 Forbidden", [("Content-Type", "text/plain")])
             return [b"the admin API of this S3 endpoint is disabled\n"]
+        if not is_signed(environ):
+            start_response("403 Forbidden", [("Content-Type", "application/xml"),
+                                             ("Content-Length", str(len(UNSIGNED)))])
+            return [UNSIGNED]
         return self.app(environ, start_response)
 
 

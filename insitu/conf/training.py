@@ -119,6 +119,9 @@ class FederationConfig(Strict):
     round_deadline_s: Annotated[float, Field(gt=0)] = Field(
         180.0, description="sync: how long a round waits for updates; async: how long the coordinator waits for "
                            "the next update before it gives up on the job")
+    prepare_deadline_s: Annotated[float, Field(gt=0)] = Field(
+        900.0, description="how long the coordinator waits for the sites' preparation; a site still preparing "
+                           "then is left out (its run cancelled, the reason in the summary) and the quorum decides")
     mode: Literal["sync", "async"] = Field(
         "sync", description="sync: rounds (every site trains the same global model, the coordinator waits for "
                             "them); async: sites train continuously and the coordinator applies updates as they "

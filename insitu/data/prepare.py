@@ -1,6 +1,8 @@
 """Prepare one site's shards on that site's Dask cluster.
 
-One Dask task per shard: read, validate, quarantine bad rows (with the reason) in the site's store,
+One Dask task per shard: measure it against the site's limits (``insitu.data.limits``: before any parser
+sees it), read (a CSV line by line, ``insitu.data.csv_lines``: a malformed line is quarantined with its line
+number, never merged into its neighbours), validate, quarantine bad rows (with the reason) in the site's store,
 featurize, split deterministically and write the prepared splits back to the site's store. A shard
 that cannot be read is copied to quarantine and reported; the other shards go on. Only aggregate
 statistics leave this module.
@@ -17,7 +19,9 @@ from typing import Any
 import pandas as pd
 
 from insitu.conf import SchemaConfig, ShardConfig, SplitConfig
+from insitu.data.csv_lines import RULE_MALFORMED, MalformedLine, read_csv_lines
 from insitu.data.features import featurize, label_classes
+from insitu.data.limits import ShardLimits, check_shard
 from insitu.data.schema import REASON, validate
 from insitu.data.splits import split_of
 from insitu.federated.stats import combine, partial_stats
@@ -43,6 +47,10 @@ class ShardReport:
     quarantine_path: str | None = None
     reasons: dict[str, int] = field(default_factory=dict)
     """Quarantined rows per schema rule (rule names only, never values); stays on the site."""
+    refused_rule: str | None = None
+    """The site limit (``limits.*``) the shard was refused by, before parsing; stays on the site."""
+    malformed_lines: list[int] = field(default_factory=list)
+    """Line numbers of a CSV shard's malformed lines (the first 1,000); stays on the site."""
 
 
 def prepared_prefix(dataset: str, job_id: str) -> str:
@@ -59,11 +67,33 @@ def _parent(store: Store, relative: str) -> None:
         store.fs.makedirs(store.path(relative).rsplit("/", 1)[0], exist_ok=True)
 
 
-def _read(store: Store, path: str) -> pd.DataFrame:
-    url = store.full_url(path)
+def _read(store: Store, path: str) -> tuple[pd.DataFrame, list[MalformedLine]]:
     if path.endswith(".csv"):
-        return pd.read_csv(url, storage_options=store.options or None)
-    return pd.read_parquet(url, storage_options=store.options or None)
+        return read_csv_lines(store.fs.cat_file(store.path(path)))
+    return pd.read_parquet(store.full_url(path), storage_options=store.options or None), []
+
+
+def _refuse(store: Store, shard: ShardConfig, qprefix: str, rep: ShardReport, why: str, rule: str | None,
+            detail: str) -> ShardReport:
+    """Report a shard that cannot be read (or may not be: over a limit) and record why in its quarantine."""
+    rep.error, rep.refused_rule = why, rule
+    _parent(store, f"{qprefix}/{shard.id}.reason.json")
+    with store.fs.open(store.path(f"{qprefix}/{shard.id}.reason.json"), "w") as f:
+        f.write(json.dumps({"shard": shard.id, "error": why, "rule": rule, "trace": detail[-2000:]}))
+    return rep
+
+
+def _quarantine_lines(store: Store, shard: ShardConfig, qprefix: str, rep: ShardReport,
+                      bad: list[MalformedLine]) -> None:
+    """A CSV's malformed lines, with their numbers and reasons, in the site's quarantine."""
+    qpath = f"{qprefix}/{shard.id}.malformed-lines.json"
+    _parent(store, qpath)
+    with store.fs.open(store.path(qpath), "w") as f:
+        f.write(json.dumps({"shard": shard.id, "rule": RULE_MALFORMED,
+                            "lines": [{"line": m.line, "reason": m.reason, "text": m.text} for m in bad]}))
+    rep.malformed_lines = [m.line for m in bad][:1000]
+    rep.reasons[RULE_MALFORMED] = len(bad)
+    rep.quarantine_path = rep.quarantine_path or store.full_url(qpath)
 
 
 def prepare_shard(
@@ -74,26 +104,27 @@ def prepare_shard(
     split_key: int,
     dataset: str,
     job_id: str,
+    limits: ShardLimits | None = None,
 ) -> ShardReport:
-    """Runs on a Dask worker of the shard's own site."""
+    """Runs on a Dask worker of the shard's own site; ``limits`` are the site's (its policy's)."""
     rep = ShardReport(shard=shard.id)
     qprefix = quarantine_prefix(dataset, job_id)
     fs = store.fs
     try:
-        raw = _read(store, shard.path)
+        over = check_shard(fs, store.path(shard.path), shard.id, limits or ShardLimits())
+    except FileNotFoundError:
+        return _refuse(store, shard, qprefix, rep, f"shard file not found: {store.full_url(shard.path)}", None, "")
+    if over is not None:  # not copied to quarantine: an oversized file stays where it is, with its reason
+        return _refuse(store, shard, qprefix, rep, over.message, over.rule, "")
+    try:
+        raw, malformed = _read(store, shard.path)
     except Exception as e:  # unreadable: quarantine the file itself, report, let the others go on
-        rep.error = f"unreadable shard {shard.path}: {type(e).__name__}: {e}"
         rep.quarantine_path = store.full_url(f"{qprefix}/{shard.id}.unreadable")
         _parent(store, f"{qprefix}/{shard.id}.unreadable")
-        try:
-            fs.copy(store.path(shard.path), store.path(f"{qprefix}/{shard.id}.unreadable"))
-        except FileNotFoundError:
-            rep.error = f"shard file not found: {store.full_url(shard.path)}"
-            rep.quarantine_path = None
-        with fs.open(store.path(f"{qprefix}/{shard.id}.reason.json"), "w") as f:
-            f.write(json.dumps({"shard": shard.id, "error": rep.error, "trace": traceback.format_exc()[-2000:]}))
-        return rep
-    rep.rows_read = len(raw)
+        fs.copy(store.path(shard.path), store.path(f"{qprefix}/{shard.id}.unreadable"))
+        return _refuse(store, shard, qprefix, rep, f"unreadable shard {shard.path}: {type(e).__name__}: {e}", None,
+                       traceback.format_exc())
+    rep.rows_read = len(raw) + len(malformed)
     try:
         good, bad = validate(raw, schema)
     except ValueError as e:
@@ -106,7 +137,9 @@ def prepare_shard(
         rep.quarantine_path = store.full_url(qpath)
     if len(bad) and REASON in bad.columns:
         rep.reasons = {str(k): int(v) for k, v in bad[REASON].value_counts().head(5).items()}
-    rep.rows_quarantined = len(bad)
+    if malformed:
+        _quarantine_lines(store, shard, qprefix, rep, malformed)
+    rep.rows_quarantined = len(bad) + len(malformed)
     rep.rows_prepared = len(good)
     if len(good) == 0:
         return rep
@@ -129,10 +162,13 @@ def prepare_shard(
     return rep
 
 
+_SITE_ONLY = ("train_stats", "shard", "reasons", "refused_rule", "malformed_lines")
+
+
 def summarize(reports: list[ShardReport]) -> dict[str, Any]:
     """What a site may publish about its preparation: counts and aggregate statistics only."""
     return {
-        "shards": {r.shard: {k: v for k, v in asdict(r).items() if k not in ("train_stats", "shard", "reasons")}
+        "shards": {r.shard: {k: v for k, v in asdict(r).items() if k not in _SITE_ONLY}
                    for r in reports},
         "rows_read": sum(r.rows_read for r in reports),
         "rows_prepared": sum(r.rows_prepared for r in reports),

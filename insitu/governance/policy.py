@@ -37,6 +37,7 @@ from typing import Annotated, Any
 import cedarpy
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from insitu.data.limits import ShardLimits
 from insitu.governance.default_policy import DEFAULT_CEDAR  # the platform's first policy, exported from here too
 from insitu.governance.principals import PRINCIPAL_NAME, ROLES, key_id, sign, verify_signature
 from insitu.governance.request import (
@@ -100,9 +101,12 @@ class PrincipalEntry(BaseModel):
     roles: Annotated[list[str], Field(min_length=1)]
 
 
-class Limits(BaseModel):
+class Limits(ShardLimits):
+    """The site's limits: its floor for published aggregates, and what one shard may be (checked before parsing)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
-    min_rows_per_aggregate: Annotated[int, Field(ge=1, le=1_000_000)] = 20
+    min_rows_per_aggregate: Annotated[int, Field(ge=1, le=1_000_000,
+                                                 description="fewest rows any published aggregate covers")] = 20
 
 
 class SitePolicy(BaseModel):

@@ -5,8 +5,11 @@
 
 Each rank reads its block of the site's prepared train split (as written by ``site-prepare``), the ranks
 combine their aggregate statistics into the split's normalisation, and each runs the same
-``ddp.rank_main`` that the Dask launcher runs, in the rendezvous torchrun set up (``env://``). Rank 0
-logs the metrics and can save the trained state with ``--out``.
+``ddp.rank_main`` that the Dask launcher runs. The ranks' process group meets in a FileStore in a private
+folder of the user (``insitu.parallel.rendezvous.torchrun_store``), not in torchrun's TCP store, which any local
+user could reach (torchrun's own agent still listens on ``MASTER_PORT`` to start the ranks; the process group
+never uses it). Ranks on several nodes need ``--rendezvous-dir`` on a shared filesystem. Rank 0 logs the
+metrics and can save the trained state with ``--out``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from insitu.federated.stats import combine, mean_std, partial_stats
 from insitu.job import load_job
 from insitu.models import Normalization, build_model
 from insitu.parallel.rank import rank_main
+from insitu.parallel.rendezvous import private_folder, torchrun_store
 from insitu.parallel.types import DataRef, TrainSpec
 from insitu.storage import store_from_env
 
@@ -44,12 +48,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job-id", required=True, help="the job whose prepared data to train on")
     ap.add_argument("--endpoint-env", default=None, help="env var holding the S3 endpoint (s3:// stores)")
     ap.add_argument("--out", default=None, help="rank 0 writes the trained state dict here")
+    ap.add_argument("--rendezvous-dir", default=None, help="a private folder (0700, yours) every rank sees, for "
+                    "ranks on several nodes (default: a private folder under $TMPDIR; one node only)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s rank%(rank)s %(message)s")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend)  # env:// from torchrun
-    rank, world = dist.get_rank(), dist.get_world_size()
+    store = torchrun_store(os.environ, args.rendezvous_dir)
+    private_folder(store.parent)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     old = logging.getLogRecordFactory()
