@@ -27,6 +27,7 @@ def job_summary(
     identities: dict[str, dict[str, Any]] | None = None,
     withheld: dict[str, list[str]] | None = None,
     selection: RoundsOutcome | None = None,
+    alerts: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A JSON-able summary. ``ledger`` is the exchange's bytes per writer and kind; ``withheld`` names, per
     statistic or plot, the sites the row floor left out of it."""
@@ -68,6 +69,7 @@ def job_summary(
         "validation": [{"round": h.round, "value": h.value, "sites": h.sites} for h in selection.selection.history]
         if selection else [],
         "metric_names": list(conf.task.summary_metrics),
+        "alerts": alerts or [],  # paused pools, forced site runs (insitu.governance.run_alerts)
     }
 
 
@@ -180,4 +182,7 @@ def summary_markdown(s: dict[str, Any]) -> str:
     ]
     if (line := withheld_line(s)) is not None:
         lines += ["", line]
+    if s.get("alerts"):  # denial of service seen during the job: someone with the Prefect credential
+        lines += ["", "**Alerts** (audited by the coordinator):", "",
+                  *(f"- `{a['kind']}` {a['site']} ({a['phase']}): {a['detail']}" for a in s["alerts"])]
     return "\n".join(lines)

@@ -73,6 +73,17 @@ class ValidationPoint(Doc):
     sites: Annotated[list[Site], Field(max_length=MAX_SITES)]
 
 
+class AlertRecord(Doc):
+    """A paused pool or a forced site run seen during the job (:mod:`insitu.governance.run_alerts`)."""
+
+    kind: Literal["pool-paused", "run-forced", "run-cancelled"]
+    site: Site
+    phase: Literal["prepare", "train", "evaluate"]
+    detail: Text
+    pool: Ident | None = None
+    flow_run_id: Ident | None = None
+
+
 class Summary(Doc):
     """``summary/summary.json``: :func:`insitu.summary.job_summary`."""
 
@@ -99,3 +110,4 @@ class Summary(Doc):
     stopped_early: bool = False
     validation: Annotated[list[ValidationPoint], Field(max_length=MAX_ROUNDS + 1)] = []
     metric_names: Annotated[list[MetricName], Field(max_length=8)] = list(BINARY_METRIC_NAMES)
+    alerts: Annotated[list[AlertRecord], Field(max_length=4 * MAX_SITES)] = []
