@@ -159,10 +159,10 @@ def site_context(job_id: str, training: str, dataset: str, overrides: dict[str, 
         # that this site's policy has not admitted (the overrides come from whoever created the run).
         parsed = load_conf(trusted_training(training), dataset, overrides=overrides)
     except ValueError as e:  # a dataset or training this site does not have: the run's doing, so a refusal
+        reason = f"site {site!r} refuses {action} of job {job_id}: {e}; rule {RULE_CONFIG}"
         ident.audit().append("run.refused", job_id=job_id, flow_run_id=fr_id, action=action, rule=RULE_CONFIG,
-                             claimed_principal=_claimed(request), request=request_digest(request),
-                             reason=f"site {site!r} refuses {action} of job {job_id}: {e}; rule {RULE_CONFIG}")
-        raise
+                             claimed_principal=_claimed(request), request=request_digest(request), reason=reason)
+        raise PermissionError(reason) from None
     cfg = parsed.sites.site(site)
     if cfg.work_pool != ident.work_pool:
         raise IdentityError(f"conf/sites.yaml puts site {site!r} on pool {cfg.work_pool!r} but this worker serves "
