@@ -95,4 +95,4 @@ def run_alert(site: str, phase: str, flow_run_id: str, history: Sequence[tuple[s
     if found is None:
         return None
     kind, why = found
-    return Alert(kind, site, phase, f"site {site!r}'s {phase} run {flow_run_id}: {why}", flow_run_id=flow_run_id)
+    return Alert(kind, site, phase, f"the {phase} run {flow_run_id} of site {site!r}: {why}", flow_run_id=flow_run_id)

@@ -34,7 +34,7 @@ from platform_helpers import (
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolUpdate
 from prefect.client.schemas.objects import FlowRun
-from prefect.events.filters import EventFilter, EventNameFilter
+from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 from prefect.states import Failed, Scheduled
 
 from deployments.platform import Platform
@@ -129,8 +129,9 @@ def test_a_paused_pool_and_a_forced_run_are_named_audited_and_alerted(deployed: 
     assert audited["fields"]["site_flow_run_id"] == str(apac.id)
     # Emitted as Prefect events, for an automation to act on.
     with get_client(sync_client=True) as c:
-        page = c.read_events(EventFilter(event=EventNameFilter(prefix=["insitu.alert."])), limit=200)
-    mine = {e.event for e in page.events if e.resource.id == f"insitu.job.{job_id}"}
+        page = c.read_events(EventFilter(event=EventNameFilter(prefix=["insitu.alert."]),
+                                         resource=EventResourceFilter(id=[f"insitu.job.{job_id}"])), limit=50)
+    mine = {e.event for e in page.events}
     assert mine >= {"insitu.alert.pool-paused", "insitu.alert.run-forced"}, mine
     assert verify(deployed.audit_log("coordinator"), deployed.audit_key("coordinator")).ok
 
