@@ -55,7 +55,7 @@ class RunWatch:
                         alert = pool_alert(site, phase, pool, paused[pool], str(run.id))
                         if alert and self._new(alert, (alert.kind, phase, pool)):
                             found.append(alert)
-                    elif final and not run.state.is_completed() and str(run.id) not in self._judged:
+                    elif final and str(run.id) not in self._judged:  # a Completed one too: changed again?
                         self._judged.add(str(run.id))
                         states = sorted(client.read_flow_run_states(run.id), key=lambda s: s.timestamp)
                         alert = run_alert(site, phase, str(run.id), [(s.type.value, s.name or "") for s in states],
