@@ -10,6 +10,7 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 import mlflow
@@ -39,6 +40,7 @@ from insitu.governance.request import RequestError, SignedRequest, parse_signed,
 from insitu.job import JobSpec, load_job
 from insitu.storage import store_from_env
 from insitu.summary import collect_identities, job_summary, summary_markdown, withheld_by_floor
+from tasks.alerts import RunWatch
 from tasks.anchoring import countersign
 from tasks.claims import judge_evaluations
 from tasks.context import actor_identity, ran_as
@@ -98,6 +100,11 @@ class Job:
     @property
     def pools(self) -> dict[str, str]:
         return {s: self.conf.sites.site(s).work_pool for s in self.conf.sites.names}
+
+    @cached_property
+    def watch(self) -> RunWatch:
+        """Paused pools and forced site runs of this job, audited and alerted while it waits for its sites."""
+        return RunWatch(self.audit, self.job_id, self.flow_run_id, self.pools, self.exchange)
 
     @property
     def common(self) -> dict[str, Any]:
@@ -196,13 +203,14 @@ def prepare(job: Job, plan: dict[str, list[str]]) -> list[str]:
     if reused is not None:
         get_run_logger().info("job %s was prepared before on %s; reusing that preparation", job.job_id, reused)
         return reused
-    run_ids = start_site_runs("site-prepare",
-                              {site: {**job.common, "shards": shards} for site, shards in plan.items()}, job.pools)
+    # No shards: each site reads every shard its own datasets.yaml pins to it for the signed dataset.
+    run_ids = start_site_runs("site-prepare", {site: dict(job.common) for site in plan}, job.pools, job.exchange)
     # A shard that stalls a site's preparation must not stall the job: past the deadline the site is left out.
     deadline = min(job.params.phase_timeout_s, job.training.federation.prepare_deadline_s)
-    runs = wait_for_runs(run_ids, deadline)
+    runs = wait_for_runs(run_ids, deadline, on_poll=job.watch.on("prepare"))
     late = missed_deadline({s: bool(r.state and r.state.is_final()) for s, r in runs.items()}, deadline, "prepare",
                            "federation.prepare_deadline_s")
+    job.watch.excuse(run_ids[site] for site in late)  # cancelled by the coordinator, not forced by someone else
     cancel_runs({site: run_ids[site] for site in late})
     failures = {**failed(runs), **late}
     sites = [site for site in plan if site not in failures]
@@ -225,7 +233,7 @@ def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> RoundsOutcome:
     marks = {"start": time.monotonic()}
     wait_s = site_wait_timeout_s(training.federation.round_deadline_s)
     run_ids = start_site_runs("site-train", {site: {**job.common, "wait_timeout_s": wait_s} for site in sites},
-                              job.pools)
+                              job.pools, job.exchange)
 
     def alive(site: str) -> bool:
         state = run_states({site: run_ids[site]})[site].state
@@ -271,7 +279,7 @@ def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> RoundsOutcome:
         exchange.put_abort(f"{type(e).__name__}: {e}")
         job.audit.append("job.failed", job_id=job.job_id, phase="train", reason=str(e))
         raise
-    for site, why in failed(wait_for_runs(run_ids, job.params.phase_timeout_s)).items():
+    for site, why in failed(wait_for_runs(run_ids, job.params.phase_timeout_s, on_poll=job.watch.on("train"))).items():
         logger.warning("site-train on %s did not complete: %s", site, why)
     if "updates_done" in marks:
         wall = marks["updates_done"] - marks["start"]
@@ -294,8 +302,8 @@ def evaluate(job: Job, sites: list[str], outcome: RoundsOutcome, features: list[
         exchange.put_state(CHAMPION, champion.state, version=champion.version)
         names.append(CHAMPION.name)
     run_ids = start_site_runs("site-evaluate", {site: {**job.common, "weights": names} for site in sites},
-                              job.pools)
-    failures = failed(wait_for_runs(run_ids, job.params.phase_timeout_s))
+                              job.pools, job.exchange)
+    failures = failed(wait_for_runs(run_ids, job.params.phase_timeout_s, on_poll=job.watch.on("evaluate")))
     evaluated_sites = [site for site in sites if site not in failures]
     require_quorum(job, "evaluate", evaluated_sites, failures)
     by_site = read_evaluations(exchange, evaluated_sites, training.rounds, update_limit(training))
@@ -352,7 +360,7 @@ def finish(job: Job, mlruns: dict[str, str], registration: Registration, promoti
     summary = job_summary(job.job_id, job.conf, stats["per_site"], outcome.results, evaluated.site_metrics,
                           evaluated.global_metrics, {**registration.as_dict(), "gate": promotion.as_record()},
                           job.exchange.ledger(), job.started, identities, withheld,
-                          selection=outcome)
+                          selection=outcome, alerts=[a.as_record() for a in job.watch.alerts])
     job.exchange.put_json(SUMMARY, summary)
     create_markdown_artifact(key="retrain-summary", markdown=summary_markdown(summary),
                              description=f"insitu job {job.job_id}")

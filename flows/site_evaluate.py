@@ -30,7 +30,7 @@ def site_evaluate(
     that it validated (the first one it scores binds the job) and the champion.
     """
     logger = get_run_logger()
-    context = site_context(job_id, training, dataset, overrides, request, "evaluate")
+    context = site_context(job_id, training, dataset, overrides, request, "evaluate", {"weights": weights})
     bound = evaluation_binding(context.store, job_id)
     validated = validated_rounds(context.exchange, context.conf.training.rounds)
     refusal = evaluation_refusal(weights, context.conf.training.rounds, validated, bound)

@@ -1,8 +1,9 @@
 """``site-prepare``: runs on a site's own pool; prepares that site's shards on its Dask cluster.
 
 The site trusts nothing in the run's parameters: its identity comes from its worker's own identity file,
-the signed ``request`` is admitted only by the site's own policy, and its guard re-checks every requested
-shard against its own datasets.yaml.
+the signed ``request`` is admitted only by the site's own policy, the run must be the one the coordinator
+dispatched (``insitu.governance.dispatch``), and the shards it reads are every shard its own datasets.yaml pins to
+it for the signed dataset (a ``shards`` parameter that says otherwise is refused).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from insitu.federated.paths import PREPARE_STATS
-from insitu.governance.residency import admit_shards
+from insitu.governance.residency import site_shards
 from tasks.anchoring import anchor_site
 from tasks.context import site_context
 from tasks.prepare import prepare_shards
@@ -32,8 +33,8 @@ def site_prepare(
     Publishes only aggregate statistics (counts, sums, sums of squares) to the exchange.
     """
     logger = get_run_logger()
-    context = site_context(job_id, training, dataset, overrides, request, "prepare")
-    admitted = admit_shards(context.site, shards, dataset, context.conf.dataset, context.audit, context.principal,
+    context = site_context(job_id, training, dataset, overrides, request, "prepare", {"shards": shards})
+    admitted = site_shards(context.site, shards, dataset, context.conf.dataset, context.audit, context.principal,
                             job_id, context.flow_run_id)
     logger.info("site=%s admitted %d shard(s): %s", context.site, len(admitted), [shard.id for shard in admitted])
     summary = prepare_shards(context, admitted, job_id)

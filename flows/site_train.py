@@ -33,7 +33,7 @@ def site_train(
 ) -> dict[str, Any]:
     """Every round of the job: wait for the global weights, train locally, publish the update."""
     logger = get_run_logger()
-    context = site_context(job_id, training, dataset, overrides, request, "train")
+    context = site_context(job_id, training, dataset, overrides, request, "train", {"wait_timeout_s": wait_timeout_s})
     training_config = context.conf.training
     global_stats = context.exchange.get_json(GLOBAL_STATS, writer=COORDINATOR)
     validate = validator(context, global_stats)  # None: this site has no validation rows

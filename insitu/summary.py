@@ -27,6 +27,7 @@ def job_summary(
     identities: dict[str, dict[str, Any]] | None = None,
     withheld: dict[str, list[str]] | None = None,
     selection: RoundsOutcome | None = None,
+    alerts: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A JSON-able summary. ``ledger`` is the exchange's bytes per writer and kind; ``withheld`` names, per
     statistic or plot, the sites the row floor left out of it."""
@@ -71,6 +72,7 @@ def job_summary(
         # Sites whose reported numbers were refused or disagreed with the other sites' (insitu.federated.claims,
         # insitu.federated.consensus): named, with why, for whoever reads the job's outcome.
         "suspects": {s: list(why) for s, why in selection.selection.suspects.items()} if selection else {},
+        "alerts": alerts or [],  # paused pools, forced site runs (insitu.governance.run_alerts)
     }
 
 
@@ -186,4 +188,7 @@ def summary_markdown(s: dict[str, Any]) -> str:
     if s.get("suspects"):
         lines += ["", "Sites whose reported numbers were refused or disagreed with the others:", "",
                   *(f"- {site}: {'; '.join(why)}" for site, why in sorted(s["suspects"].items()))]
+    if s.get("alerts"):  # denial of service seen during the job: someone with the Prefect credential
+        lines += ["", "**Alerts** (audited by the coordinator):", "",
+                  *(f"- `{a['kind']}` {a['site']} ({a['phase']}): {a['detail']}" for a in s["alerts"])]
     return "\n".join(lines)

@@ -15,6 +15,7 @@ from prefect.context import FlowRunContext
 from insitu.conf import Conf, check_job_id, load_conf, load_training, trusted_training
 from insitu.federated.exchange import Exchange
 from insitu.governance.audit_service import Auditor
+from insitu.governance.dispatch import RULE_CONFIG, request_digest
 from insitu.governance.identity import Identity, IdentityError, check_pool, load_identity, refuse_runtime_overrides
 from insitu.governance.policy import (
     Decision,
@@ -29,6 +30,7 @@ from insitu.governance.policy import (
 from insitu.governance.request import Action, training_sha256
 from insitu.job import JobSpec, resolve
 from insitu.storage import Store, store_from_env
+from tasks.dispatch_binding import bind_to_dispatch
 
 
 @dataclass
@@ -140,31 +142,44 @@ def _first_admission(store: Store, job_id: str) -> dict[str, Any] | None:
 
 
 def site_context(job_id: str, training: str, dataset: str, overrides: dict[str, Any] | None,
-                 request: dict[str, Any] | None, action: Action) -> SiteContext:
-    """Resolve this site's identity and stores, and admit the run's signed request with the site's policy.
+                 request: dict[str, Any] | None, action: Action,
+                 phase_parameters: dict[str, Any] | None = None) -> SiteContext:
+    """Resolve this site's identity and stores, admit the run's signed request with the site's policy, and check
+    that the run is the one the coordinator dispatched, with the parameters it dispatched (``phase_parameters``:
+    the phase's own, e.g. ``weights``), admitted once (:mod:`insitu.governance.dispatch`).
 
     Refuses to run anywhere but on this site's own pool, and for anyone its policy does not admit.
     """
     logger = get_run_logger()
     ident, fr_id = actor_identity("site", job_id)
     site = ident.actor
-    check_job_id(job_id)
-    # Parsed only: resolving names imports code (a user's model factory), and nothing is imported for a run that
-    # this site's policy has not admitted (the overrides come from whoever created the run).
-    parsed = load_conf(trusted_training(training), dataset, overrides=overrides)
+    try:
+        check_job_id(job_id)
+        # Parsed only: resolving names imports code (a user's model factory), and nothing is imported for a run
+        # that this site's policy has not admitted (the overrides come from whoever created the run).
+        parsed = load_conf(trusted_training(training), dataset, overrides=overrides)
+    except ValueError as e:  # a dataset or training this site does not have: the run's doing, so a refusal
+        reason = f"site {site!r} refuses {action} of job {job_id}: {e}; rule {RULE_CONFIG}"
+        ident.audit().append("run.refused", job_id=job_id, flow_run_id=fr_id, action=action, rule=RULE_CONFIG,
+                             claimed_principal=_claimed(request), request=request_digest(request), reason=reason)
+        raise PermissionError(reason) from None
     cfg = parsed.sites.site(site)
     if cfg.work_pool != ident.work_pool:
         raise IdentityError(f"conf/sites.yaml puts site {site!r} on pool {cfg.work_pool!r} but this worker serves "
                             f"{ident.work_pool!r}: fix sites.yaml or the site's identity file {ident.path}")
     store = store_from_env(cfg, site)
     decision, policy = admit(ident, action, job_id, training, dataset, overrides, request, parsed, store, fr_id)
+    exchange = Exchange(store_from_env(parsed.sites.exchange, "exchange"), job_id, writer=site)
+    received = {"job_id": job_id, "dataset": dataset, "training": training, "overrides": overrides,
+                "request": request, **(phase_parameters or {})}
+    bind_to_dispatch(ident.audit(), exchange, store, site, action, fr_id, received, decision.principal)
     conf = resolve(parsed)  # admitted: now every component the configuration names is resolved
     logger.info("site=%s pool=%s flow_run=%s: %s", site, ident.work_pool, fr_id, decision.reason)
     return SiteContext(
         site=site,
         conf=conf,
         store=store,
-        exchange=Exchange(store_from_env(conf.sites.exchange, "exchange"), job_id, writer=site),
+        exchange=exchange,
         audit=ident.audit().with_fields(principal=decision.principal),
         flow_run_id=fr_id,
         ran_as=ran_as(ident),
@@ -172,3 +187,11 @@ def site_context(job_id: str, training: str, dataset: str, overrides: dict[str, 
         policy=policy,
     )
 
+
+
+def _claimed(request: Any) -> str | None:
+    """The principal a request names (unverified): for the audit line of a run refused before its decision."""
+    try:
+        return str(request["request"]["principal"])[:64]
+    except (TypeError, KeyError):
+        return None

@@ -1,4 +1,8 @@
-"""Start site flow runs on their own pools and wait for them, as the coordinator."""
+"""Start site flow runs on their own pools and wait for them, as the coordinator.
+
+Each run the coordinator creates is recorded on the exchange, under the coordinator's own prefix, with its flow
+run id and parameters (:mod:`insitu.governance.dispatch`): a site admits only a run dispatched so.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +17,15 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 
+from insitu.federated.exchange import Exchange
+from insitu.federated.paths import dispatch
+from insitu.governance.dispatch import dispatch_record
 
-def start_site_runs(flow_name: str, params: dict[str, dict[str, Any]], pools: dict[str, str]) -> dict[str, UUID]:
-    """``run_deployment("<flow>/<site>")`` for each site without waiting; returns the flow run ids.
+
+def start_site_runs(flow_name: str, params: dict[str, dict[str, Any]], pools: dict[str, str],
+                    exchange: Exchange | None = None) -> dict[str, UUID]:
+    """``run_deployment("<flow>/<site>")`` for each site without waiting; returns the flow run ids. Each run is
+    recorded on ``exchange`` (the job's, as the coordinator) at once: the site waits for that record.
 
     Each deployment must still be on the pool ``conf/sites.yaml`` gives its site (``pools``): anyone with
     the API's credential can move a deployment, and a site's work must not be sent to another site.
@@ -38,6 +48,9 @@ def start_site_runs(flow_name: str, params: dict[str, dict[str, Any]], pools: di
         fr: FlowRun = run_deployment(deployments[site], parameters=p, timeout=0, as_subflow=True,
                                      flow_run_name=f"{flow_name}-{site}-{p.get('job_id', '')}")
         ids[site] = fr.id
+        if exchange is not None:
+            phase = flow_name.removeprefix("site-")
+            exchange.put_json(dispatch(phase, site), dispatch_record(site, phase, str(fr.id), p))
         logger.info("started %s/%s as flow run %s", flow_name, site, fr.id)
     return ids
 

@@ -1,6 +1,7 @@
 """What the end-to-end (tests/e2e) and security (tests/security) tests do on the running platform, written once:
-start a deployment's flow run and wait for it, read its logs, cancel a job with its site runs, open a store with
-its owner's keys, read a job's summary, audit events and MLflow parent run, write a training config of a test's own.
+start a deployment's flow run and wait for it (a site's run as the coordinator dispatches it), read its logs,
+cancel a job with its site runs, open a store with its owner's keys, read a job's summary, audit events and MLflow
+parent run, write a training config of a test's own.
 
 Plain functions, imported as ``from platform_helpers import …`` (pytest puts ``tests/`` on the path for
 ``tests/conftest.py``); the fixtures that start the platform are in ``tests/conftest.py``. Prefect's client here
@@ -73,6 +74,26 @@ def run_flow(deployment: str, parameters: dict[str, Any] | None = None, timeout:
              poll_s: float = 1.0, **options: Any) -> FlowRun:
     """Start a run of ``deployment`` (see :func:`start_flow_run`) and wait until it is final."""
     return wait_for_flow_run(start_flow_run(deployment, parameters, **options), timeout, poll_s)
+
+
+def run_dispatched(platform: Platform, deployment: str, parameters: dict[str, Any], timeout: float = 300,
+                   poll_s: float = 1.0) -> FlowRun:
+    """Start a site flow run as the coordinator does and wait until it is final: create the run, then record its
+    dispatch on the exchange with the coordinator's keys (``insitu.governance.dispatch``; a site admits no run the
+    coordinator did not dispatch). For tests of what a site does with a run the coordinator sent it."""
+    from insitu.federated.exchange import Exchange
+    from insitu.federated.paths import dispatch
+    from insitu.governance.dispatch import dispatch_record
+
+    flow, site = deployment.split("/")
+    phase = flow.removeprefix("site-")
+    flow_run_id = start_flow_run(deployment, parameters)
+    # The flow's defaults, as the site receives them (the coordinator always passes every parameter).
+    received = {"dataset": "fraud", "training": "fraud", "overrides": None, "request": None,
+                **({"wait_timeout_s": 900.0} if phase == "train" else {}), **parameters}
+    Exchange(coordinator_exchange(platform), parameters["job_id"], writer=COORDINATOR).put_json(
+        dispatch(phase, site), dispatch_record(site, phase, str(flow_run_id), received))
+    return wait_for_flow_run(flow_run_id, timeout, poll_s)
 
 
 def flow_runs_named(name: str, exact: bool = False) -> list[FlowRun]:

@@ -51,6 +51,9 @@ class Environments:
                 "AWS_DEFAULT_REGION": "us-east-1",
                 "OMP_NUM_THREADS": "1",
                 "MKL_NUM_THREADS": "1",
+                # Offline, MLflow's telemetry client fails to start and unsets its session variable from a thread
+                # while another thread copies os.environ: a job died of KeyError '_MLFLOW_TELEMETRY_SESSION_ID'.
+                "MLFLOW_DISABLE_TELEMETRY": "true",
                 "INSITU_CONF": str(self._conf_dir),
                 "DASK_TEMPORARY_DIRECTORY": str(tmp),
                 "DASK_DISTRIBUTED__WORKER__DAEMON": "False",

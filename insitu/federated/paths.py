@@ -13,8 +13,9 @@ manifest).
 
 Who writes what: the coordinator writes :data:`PLAN`, :data:`GLOBAL_STATS`, :func:`global_weights`,
 :func:`aggregator_state`, :data:`CHAMPION`, :data:`SUMMARY`, :data:`ABORT` and :data:`STOP` (and in async mode
-:data:`NEWEST`, :data:`ASYNC_STATE`, :func:`async_buffer` and :func:`refresh`); each site writes its own
-:data:`PREPARE_STATS`, :func:`update` (async mode: :func:`async_update`), :func:`validation` and :data:`EVALUATION`.
+:data:`NEWEST`, :data:`ASYNC_STATE`, :func:`async_buffer` and :func:`refresh`) and :func:`dispatch`; each site
+writes its own :data:`PREPARE_STATS`, :func:`update` (async mode: :func:`async_update`), :func:`validation` and
+:data:`EVALUATION`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
     "aggregator_state",
     "async_buffer",
     "async_update",
+    "dispatch",
     "global_weights",
     "refresh",
     "round_name",
@@ -109,6 +111,11 @@ SUMMARY = Document(Kind.SUMMARY, "summary.json")
 ABORT = Document(Kind.CONTROL, "abort.json")  # the job failed: sites stop waiting for weights
 STOP = Document(Kind.CONTROL, "stop.json")  # training ended early: sites stop after validating
 CHAMPION = State(Kind.WEIGHTS, "champion")  # the registry's current champion, scored beside the candidate
+
+
+def dispatch(phase: str, site: str) -> Document:
+    """The coordinator's record of the flow run it created for ``phase`` on ``site`` (and its parameters)."""
+    return Document(Kind.CONTROL, f"dispatch-{phase}-{site}.json")
 
 
 def weights(name: str) -> State:

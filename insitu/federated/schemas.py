@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from insitu.federated.documents.base import Doc
-from insitu.federated.documents.control import Abort, AsyncState, Newest, Refresh, Stop
+from insitu.federated.documents.control import Abort, AsyncState, Dispatch, Newest, Refresh, Stop
 from insitu.federated.documents.evaluation import Evaluation, Validation
 from insitu.federated.documents.manifests import AsyncUpdateManifest, UpdateManifest, WeightsManifest
 from insitu.federated.documents.plan import GlobalStats, Plan, PrepareStats
@@ -68,6 +68,8 @@ ARTEFACTS: tuple[Artefact, ...] = (
     Artefact("control", re.compile(r"newest\.json"), "coordinator", 8 * KIB, Newest),
     Artefact("control", re.compile(r"async-state\.json"), "coordinator", 256 * KIB, AsyncState),
     Artefact("control", re.compile(r"refresh-[a-z][a-z0-9-]{0,30}\.json"), "coordinator", 8 * KIB, Refresh),
+    Artefact("control", re.compile(r"dispatch-(prepare|train|evaluate)-[a-z][a-z0-9-]{0,30}\.json"), "coordinator",
+             8 * KIB, Dispatch),
 )
 
 
@@ -106,7 +108,8 @@ def check_document(art: Artefact, data: bytes, where: str, *, job_id: str, write
         raise ExchangeError(f"{where}: refused by the protocol: {explain(e)}") from None
     # A document says where it belongs; it must be where it is (no replaying another site's or job's).
     claims = {"job_id": job_id, "writer": writer, "site": writer, "name": name.split(".", 1)[0],
-              "recipient": name.split(".", 1)[0].removeprefix("refresh-")}  # a notice names whom it is for
+              # a notice (refresh-<site>, dispatch-<phase>-<site>) names whom it is for
+              "recipient": re.sub(r"^(refresh-|dispatch-[a-z]+-)", "", name.split(".", 1)[0])}
     for field, expected in claims.items():
         if field in type(doc).model_fields and getattr(doc, field) != expected:
             raise ExchangeError(f"{where}: its {field!r} is {shown(getattr(doc, field))}, not {shown(expected)}")

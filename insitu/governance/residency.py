@@ -67,3 +67,37 @@ def admit_shards(
             raise ResidencyError(msg)
         admitted.append(shard)
     return admitted
+
+
+RULE_ALL_PINNED = "residency.all-pinned-shards"
+
+
+def site_shards(
+    site: str,
+    requested: Sequence[str] | None,
+    dataset_name: str,
+    dataset: DatasetConfig,
+    audit: Auditor,
+    principal: str,
+    job_id: str,
+    flow_run_id: str | None,
+) -> list[ShardConfig]:
+    """The shards this site reads for the signed ``dataset_name``: every shard its own datasets.yaml pins here.
+
+    A run's ``shards`` parameter is not signed, so it decides nothing: when given, each shard must be pinned here
+    (:func:`admit_shards`) and together they must be exactly the site's own, else the run is refused (audited,
+    rule ``residency.all-pinned-shards``) rather than narrowed or widened by whoever set the parameter.
+    """
+    derived = dataset.shards_of(site)
+    if requested is None:
+        return derived
+    admitted = admit_shards(site, requested, dataset_name, dataset, audit, principal, job_id, flow_run_id)
+    if sorted(s.id for s in admitted) == sorted(s.id for s in derived):
+        return derived
+    msg = (f"site {site!r} refuses to read shards {sorted(requested)[:20]} of dataset {dataset_name!r} for "
+           f"{principal!r} (job {job_id}): a site reads every shard its own datasets.yaml pins to it for the signed "
+           f"dataset ({sorted(s.id for s in derived)}), not a list from the run's unsigned parameters; "
+           f"rule {RULE_ALL_PINNED}")
+    audit.append("residency.refused", dataset=dataset_name, principal=principal, job_id=job_id,
+                 flow_run_id=flow_run_id, rule=RULE_ALL_PINNED, shards=sorted(requested)[:20], reason=msg)
+    raise ResidencyError(msg)

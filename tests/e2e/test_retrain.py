@@ -19,7 +19,7 @@ from platform_helpers import (
     flow_runs_named,
     job_events,
     job_summary,
-    run_flow,
+    run_dispatched,
     site_store,
     start_flow_run,
     wait_for_flow_run,
@@ -134,8 +134,8 @@ def test_a_site_scores_one_model_per_job(deployed: Platform, job: dict[str, Any]
     score another round of the same job is refused with its rule, and audited."""
     summary = job_summary(deployed, job["job_id"])
     other = (summary["selected_round"] + 1) % (job["rounds"] + 1)
-    fr = run_flow("site-evaluate/eu", {"job_id": job["job_id"], "weights": [f"round-{other:04d}"],
-                                       "request": signer(job_id=job["job_id"])}, 300, poll_s=2)
+    fr = run_dispatched(deployed, "site-evaluate/eu", {"job_id": job["job_id"], "weights": [f"round-{other:04d}"],
+                                                       "request": signer(job_id=job["job_id"])}, 300, poll_s=2)
     assert fr.state.is_failed() and "rule evaluate.one-selected-round" in fr.state.message, fr.state.message
     assert f"bound to round-{summary['selected_round']:04d}" in fr.state.message
     refused = job_events(deployed, "eu", job["job_id"], "evaluate.refused")
@@ -225,8 +225,8 @@ def test_a_one_row_test_split_publishes_no_metric(deployed: Platform, job: dict[
             store.fs.pipe(f, buf.getvalue())
         summary = job_summary(deployed, job["job_id"])
         final = round_name(summary["selected_round"])  # the one model eu scores for this job
-        fr = run_flow("site-evaluate/eu", {"job_id": job["job_id"], "weights": [final],
-                                           "request": signer(job_id=job["job_id"])}, 300, poll_s=2)
+        fr = run_dispatched(deployed, "site-evaluate/eu", {"job_id": job["job_id"], "weights": [final],
+                                                           "request": signer(job_id=job["job_id"])}, 300, poll_s=2)
         assert fr.state.is_completed(), fr.state.message
         published = json.loads(coordinator_exchange(deployed).fs.cat(
             f"{EXCHANGE}/jobs/{job['job_id']}/metrics/eu/evaluate.json"))

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import typer
-from platform_helpers import run_flow
+from platform_helpers import run_dispatched
 
 from deployments.cli import audit_timeline, audit_verify
 from deployments.platform import Platform
@@ -22,8 +22,8 @@ from insitu.storage import store_from_env
 pytestmark = pytest.mark.e2e
 
 
-def _prepare(site: str, job_id: str, request: dict[str, Any]) -> None:
-    fr = run_flow(f"site-prepare/{site}", {"job_id": job_id, "request": request, "shards": [f"{site}-000"]}, 300)
+def _prepare(p: Platform, site: str, job_id: str, request: dict[str, Any]) -> None:
+    fr = run_dispatched(p, f"site-prepare/{site}", {"job_id": job_id, "request": request})
     assert fr.state.is_completed(), fr.state.message
 
 
@@ -61,7 +61,7 @@ def test_a_site_log_rolled_back_with_its_head_is_caught_by_its_anchor(deployed: 
     log = deployed.audit_log("eu")
     before = _snapshot(log)
     job_id = f"e2e-rollback-{uuid.uuid4().hex[:6]}"
-    _prepare("eu", job_id, signer(job_id=job_id))  # admitted, reads data, anchors eu's head on the exchange
+    _prepare(deployed, "eu", job_id, signer(job_id=job_id))  # admitted, reads data, anchors eu's head on the exchange
     assert _trail(deployed)["eu"].ok, _trail(deployed)["eu"].reason
     after = _snapshot(log)
     _restore(before)  # the site's host rolls its log and head back to a copy from before the job
@@ -89,7 +89,7 @@ def test_a_deployed_actors_deleted_log_fails_verification(deployed: Platform) ->
 def test_the_timeline_of_a_job_shows_who_did_what_on_which_site(deployed: Platform, signer: Any,
                                                                   tmp_path: Path) -> None:
     job_id = f"e2e-timeline-{uuid.uuid4().hex[:6]}"
-    _prepare("apac", job_id, signer(job_id=job_id))
+    _prepare(deployed, "apac", job_id, signer(job_id=job_id))
     out = tmp_path / "timeline.jsonl"
     audit_timeline(state_dir=deployed.dir, conf=deployed.conf_dir, job=job_id, dataset=None, principal=None,
                    fmt="jsonl", out=out)

@@ -17,7 +17,7 @@ import pytest
 import s3fs
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
-from platform_helpers import run_flow, wait_for_flow_run
+from platform_helpers import run_dispatched, run_flow, wait_for_flow_run
 from prefect.client.orchestration import get_client
 
 from deployments.platform import COORDINATOR, Platform
@@ -93,8 +93,9 @@ def test_an_edited_pool_template_changes_nothing_and_the_guard_still_refuses(dep
     assert r.status_code == 204, r.text
     try:
         before = len(read_events(deployed.audit_log("us")))
-        fr = run_flow("site-prepare/us", {"job_id": "e2e-attack-template", "shards": ["eu-000"],
-                                          "request": signer(job_id="e2e-attack-template")})
+        # As if the coordinator itself sent it (dispatched): the site's own guard is what refuses the shard.
+        fr = run_dispatched(deployed, "site-prepare/us", {"job_id": "e2e-attack-template", "shards": ["eu-000"],
+                                                          "request": signer(job_id="e2e-attack-template")})
         assert fr.state.is_failed() and "site 'us' refuses to read shard 'eu-000'" in fr.state.message, fr.state
         assert not marker.exists()
         # The worker read the edited template while vetting this very run, and ran its locked one.

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import typer
-from platform_helpers import job_events, run_flow
+from platform_helpers import job_events, run_dispatched, run_flow
 from prefect.client.schemas.objects import FlowRun
 
 from deployments.cli import signing as governance
@@ -89,7 +89,7 @@ def test_a_site_refuses_requests_its_policy_does_not_admit(deployed: Platform, s
 
 def test_a_signed_request_is_admitted_with_the_verified_principal(deployed: Platform, signer: Any) -> None:
     job_id = f"e2e-policy-ok-{uuid.uuid4().hex[:6]}"
-    fr = _run_prepare("eu", {"job_id": job_id, "shards": ["eu-000"], "request": signer(job_id=job_id)})
+    fr = run_dispatched(deployed, "site-prepare/eu", {"job_id": job_id, "request": signer(job_id=job_id)})
     assert fr.state.is_completed(), fr.state.message
     (decision,) = _decisions(deployed, "eu", job_id)
     assert decision["allowed"] and decision["principal"] == "alice"
@@ -142,8 +142,8 @@ def test_only_a_site_admin_can_change_a_sites_policy(deployed: Platform, signer:
 def test_a_site_scores_only_the_jobs_final_model_and_the_champion(deployed: Platform, signer: Any) -> None:
     """A coordinator may not use a site's test rows as an oracle for weights of its choosing."""
     job_id = f"e2e-oracle-{uuid.uuid4().hex[:6]}"
-    fr = run_flow("site-evaluate/eu", {"job_id": job_id, "weights": ["round-0001"], "request": signer(job_id=job_id)},
-                  300)
+    fr = run_dispatched(deployed, "site-evaluate/eu", {"job_id": job_id, "weights": ["round-0001"],
+                                                       "request": signer(job_id=job_id)})
     assert fr.state.is_failed() and "rule evaluate.one-selected-round" in fr.state.message, fr.state.message
     events = job_events(deployed, "eu", job_id)
     assert [e["event"] for e in events] == ["policy.decision", "evaluate.refused"]

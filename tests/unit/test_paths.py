@@ -34,6 +34,7 @@ from insitu.federated.paths import (
     aggregator_state,
     async_buffer,
     async_update,
+    dispatch,
     global_weights,
     refresh,
     round_name,
@@ -66,6 +67,7 @@ ENTRIES: dict[str, tuple[Callable[[int], Document | State], str]] = {
     "refresh": (lambda r: refresh(SITE), COORDINATOR),
     "async_buffer": (async_buffer, COORDINATOR),
     "async_update": (async_update, SITE),
+    "dispatch": (lambda r: dispatch("prepare", SITE), COORDINATOR),
 }
 
 

@@ -1,12 +1,24 @@
-"""The coordinator's control notices: abort, early stop, and an async job's newest version, state and refusals."""
+"""The coordinator's control notices: abort, early stop, an async job's newest version, state and refusals, and
+the dispatch of each site flow run (what the run was created with, so that a site can tell it was not changed)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from insitu.federated.documents.base import MAX_ROUNDS, MAX_SITES, Doc, Sha256, Site, StateName, Text
+from insitu.federated.documents.base import (
+    MAX_ROUNDS,
+    MAX_SHARDS,
+    MAX_SITES,
+    Doc,
+    Ident,
+    JobId,
+    Sha256,
+    Site,
+    StateName,
+    Text,
+)
 from insitu.federated.documents.manifests import AppliedList
 
 
@@ -49,3 +61,29 @@ class Refresh(Doc):
     version: Annotated[int, Field(ge=0, le=MAX_ROUNDS)]
     staleness: Annotated[int, Field(ge=0, le=MAX_ROUNDS)]
     reason: Text
+
+
+class DispatchedParameters(Doc):
+    """The parameters of one site flow run as the coordinator created it (the request by its digest)."""
+
+    job_id: JobId
+    dataset: Ident
+    training: Ident
+    overrides: Annotated[dict[Literal["rounds", "local_epochs", "batch_size"], Annotated[int, Field(ge=1)]],
+                         Field(max_length=3)] = {}
+    request: Sha256 | None = None
+    shards: Annotated[list[Ident], Field(max_length=MAX_SHARDS)] | None = None
+    weights: Annotated[list[StateName], Field(max_length=8)] | None = None
+    wait_timeout_s: Annotated[float, Field(gt=0, le=10**7)] | None = None
+
+
+class Dispatch(Doc):
+    """``control/dispatch-<phase>-<site>.json``: the coordinator created flow run ``flow_run_id`` of ``phase`` on
+    ``recipient``'s pool with ``parameters``. Only the coordinator can write it (the exchange's IAM); the site
+    admits a run only with the dispatch that names that very run, and only once
+    (:mod:`insitu.governance.dispatch`)."""
+
+    recipient: Site
+    phase: Literal["prepare", "train", "evaluate"]
+    flow_run_id: Annotated[str, Field(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")]
+    parameters: DispatchedParameters

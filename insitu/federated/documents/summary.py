@@ -73,6 +73,17 @@ class ValidationPoint(Doc):
     sites: Annotated[list[Site], Field(max_length=MAX_SITES)]
 
 
+class AlertRecord(Doc):
+    """A paused pool or a forced site run seen during the job (:mod:`insitu.governance.run_alerts`)."""
+
+    kind: Literal["pool-paused", "run-forced", "run-cancelled"]
+    site: Site
+    phase: Literal["prepare", "train", "evaluate"]
+    detail: Text
+    pool: Ident | None = None
+    flow_run_id: Ident | None = None
+
+
 class Summary(Doc):
     """``summary/summary.json``: :func:`insitu.summary.job_summary`."""
 
@@ -101,3 +112,4 @@ class Summary(Doc):
     metric_names: Annotated[list[MetricName], Field(max_length=8)] = list(BINARY_METRIC_NAMES)
     # site -> why its reported numbers were refused or disagreed with the others' (insitu.federated.consensus)
     suspects: Annotated[dict[Site, Annotated[list[Text], Field(max_length=8)]], Field(max_length=MAX_SITES)] = {}
+    alerts: Annotated[list[AlertRecord], Field(max_length=4 * MAX_SITES)] = []

@@ -1,0 +1,113 @@
+"""The coordinator watching its site runs while it waits for them: a paused pool, a forced or cancelled run
+(:mod:`insitu.governance.run_alerts`) is audited as ``alert.<kind>``, emitted as the Prefect event
+``insitu.alert.<kind>`` (so that an automation can page someone) and kept for the job's summary."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+from uuid import UUID
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import FlowRun, WorkPoolStatus
+from prefect.events import emit_event
+from prefect.exceptions import MissingContextError
+from prefect.logging import get_run_logger
+
+from insitu.federated.exchange import Exchange
+from insitu.federated.paths import EVALUATION, PREPARE_STATS
+from insitu.governance.audit_service import Auditor
+from insitu.governance.run_alerts import Alert, pool_alert, run_alert
+
+log = logging.getLogger(__name__)
+
+PUBLISHED = {"prepare": PREPARE_STATS, "evaluate": EVALUATION}  # what a site's run of a phase publishes last
+
+
+class RunWatch:
+    """Alerts of one job; :meth:`on` gives ``tasks.dispatch.wait_for_runs`` its ``on_poll`` for a phase."""
+
+    def __init__(self, audit: Auditor, job_id: str, flow_run_id: str | None, pools: dict[str, str],
+                 exchange: Exchange | None) -> None:
+        self.audit, self.job_id, self.flow_run_id = audit, job_id, flow_run_id
+        self.pools, self.exchange = pools, exchange
+        self.alerts: list[Alert] = []
+        self._seen: set[tuple[str, ...]] = set()
+        self._judged: set[str] = set()
+
+    def excuse(self, run_ids: Iterable[UUID]) -> None:
+        """Runs the coordinator itself cancels (a site left out past a deadline): not judged as forced."""
+        self._judged.update(str(r) for r in run_ids)
+
+    def on(self, phase: str) -> Callable[[dict[str, FlowRun]], None]:
+        return lambda runs: self.check(phase, runs)
+
+    def check(self, phase: str, runs: dict[str, FlowRun]) -> list[Alert]:
+        """Look at each run once per poll; raise each new finding once. Never fails the job: a watch that cannot
+        read the API logs why and tries again at the next poll."""
+        found: list[Alert] = []
+        try:
+            with get_client(sync_client=True) as client:
+                paused: dict[str, bool] = {}
+                for site, run in runs.items():
+                    final = bool(run.state and run.state.is_final())
+                    if not final and site in self.pools:
+                        pool = self.pools[site]
+                        if pool not in paused:
+                            wp = client.read_work_pool(pool)
+                            paused[pool] = bool(wp.is_paused or wp.status == WorkPoolStatus.PAUSED)
+                        alert = pool_alert(site, phase, pool, paused[pool], str(run.id))
+                        if alert and self._new(alert, (alert.kind, phase, pool)):
+                            found.append(alert)
+                    elif final and str(run.id) not in self._judged:  # a Completed one too: changed again?
+                        self._judged.add(str(run.id))
+                        states = sorted(client.read_flow_run_states(run.id), key=lambda s: s.timestamp)
+                        alert = run_alert(site, phase, str(run.id), [(s.type.value, s.name or "") for s in states],
+                                          self._published(phase, site))
+                        if alert and self._new(alert, (alert.kind, str(run.id))):
+                            found.append(alert)
+        except Exception as e:  # the watch is detection, not a step of the job
+            _logger().warning("could not check the site runs of job %s for alerts: %s: %s", self.job_id,
+                        type(e).__name__, e)
+        for alert in found:
+            self._raise(alert)
+        return found
+
+    def _new(self, alert: Alert, key: tuple[str, ...]) -> bool:
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
+
+    def _published(self, phase: str, site: str) -> bool:
+        doc = PUBLISHED.get(phase)
+        return bool(doc and self.exchange is not None and self.exchange.exists(doc, writer=site))
+
+    def _raise(self, alert: Alert) -> None:
+        self.alerts.append(alert)
+        _logger().warning("ALERT %s: %s", alert.event, alert.detail)
+        self.audit.append(alert.event, job_id=self.job_id, flow_run_id=self.flow_run_id, site=alert.site,
+                          phase=alert.phase, pool=alert.pool, site_flow_run_id=alert.flow_run_id, reason=alert.detail)
+        related: list[dict[str, Any]] = []
+        if alert.flow_run_id:
+            related.append({"prefect.resource.id": f"prefect.flow-run.{alert.flow_run_id}",
+                            "prefect.resource.role": "site-run"})
+        if alert.pool:
+            related.append({"prefect.resource.id": f"prefect.work-pool.{alert.pool}",
+                            "prefect.resource.role": "work-pool"})
+        try:
+            emit_event(event=f"insitu.{alert.event}",
+                       resource={"prefect.resource.id": f"insitu.job.{self.job_id}",
+                                 "prefect.resource.name": self.job_id},
+                       related=related, payload=alert.as_record())
+        except Exception as e:  # audited already; an event that cannot be sent must not stop the job
+            _logger().warning("could not emit the Prefect event for %s: %s", alert.event, e)
+
+
+def _logger() -> Any:
+    """The flow run's logger (shown in the UI) when there is one, else this module's."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return log
