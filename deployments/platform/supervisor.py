@@ -88,6 +88,7 @@ class Platform:
         self._state.save()
         self._layout.prepare_audit()
         started = self._processes.ensure(self._components.audit())
+        self._layout.install_default_policies()  # audited: the audit services run from here on
         servers = self._components.servers()
         started += self._processes.ensure(servers)
         self._provision_started(servers, started)
@@ -207,6 +208,21 @@ class Platform:
 
     def policy_file(self, site: str) -> Path:
         return self._paths.policy_file(site)
+
+    def policy_record(self, site: str) -> Path:
+        """The newest policy version ``site`` accepted (its admin's record)."""
+        return self._paths.policy_record(site)
+
+    def admin_dir(self, actor: str) -> Path:
+        """The actor's root of trust: identity, policy, record, CA; its admin's."""
+        return self._paths.admin_dir(actor)
+
+    def ca_dir(self, site: str) -> Path:
+        return self._paths.ca_dir(site)
+
+    def admin_account(self, actor: str) -> Account:
+        """The OS user that owns the actor's root of trust (``insitu-<actor>-admin`` when isolated)."""
+        return self._actors.admin_account(actor)
 
     def tls_dir(self, site: str) -> Path:
         return self._paths.tls_dir(site)
