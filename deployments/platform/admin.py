@@ -86,7 +86,7 @@ class AdminTrust:
         admin = self._actors.admin_account(site)
         pki = create_site_pki(ca_dir, site)
         for p in [ca_dir, *ca_dir.iterdir()]:
-            own(p, admin, 0o700 if p.is_dir() else 0o600)
+            own(p, admin, 0o700 if p.is_dir() else 0o600 if p.name.endswith("key.pem") else 0o644)
         return {CA_CERT: pki.ca_file.read_text(), LEAF_CERT: pki.cert_file.read_text(),
                 LEAF_KEY: pki.key_file.read_text()}
 
