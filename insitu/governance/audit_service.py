@@ -87,11 +87,11 @@ def _with_proof(server: _Server, req: dict[str, Any], out: dict[str, Any]) -> di
 
 class _Server(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
+    signing_key: Any = None  # the service's Ed25519 key: it signs its answers (audit_proof)
 
-    def __init__(self, path: str, audit: AuditLog, allowed_uids: set[int], signing_key: Any = None) -> None:
+    def __init__(self, path: str, audit: AuditLog, allowed_uids: set[int]) -> None:
         self.audit = audit
         self.allowed_uids = allowed_uids
-        self.signing_key = signing_key
         super().__init__(path, _Handler)
 
 
@@ -102,8 +102,8 @@ def serve(config: Path) -> None:
     audit = AuditLog(spec["log"], bytes.fromhex(spec["key"]), spec["actor"])
     sock = Path(spec["socket"])
     sock.unlink(missing_ok=True)
-    signing = service_key(spec["signing_key"]) if spec.get("signing_key") else None
-    server = _Server(str(sock), audit, {int(u) for u in spec["allowed_uids"]}, signing)
+    server = _Server(str(sock), audit, {int(u) for u in spec["allowed_uids"]})
+    server.signing_key = service_key(spec["signing_key"]) if spec.get("signing_key") else None
     os.chmod(sock, 0o666)  # who may write is decided per connection, by SO_PEERCRED
     if log_head(audit.path) is None:
         audit.append("audit.started", pid=os.getpid())  # a deployed actor's log exists from the start
