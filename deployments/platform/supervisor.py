@@ -7,13 +7,14 @@ user per site, allowed only its own bucket and its own prefixes of the exchange)
 workers per site (mutual TLS with the site's own CA), the work pools (locked job templates), and one
 insitu worker per pool (``deployments/worker.py``) that refuses runs carrying overrides.
 
-Each site is an *actor* with a home ``actors/<site>/`` holding its TLS certificate and key and temporary
-files, and a root of trust ``admin/<site>/`` (identity file, signed policy, CA key) owned by its admin
-identity ``insitu-<site>-admin``, which its runtime can read but not change; its audit log and key live in
+Each site is an *actor* with a home ``actors/<site>/`` holding its TLS certificate and key and temporary files,
+and a root of trust ``admin/<site>/`` (identity file, signed policy, CA key) owned by its admin identity
+``insitu-<site>-admin``, which its runtime can read but not change; its audit log and key live in
 ``audit/<actor>/`` with its audit service, which runs as ``insitu-audit`` (``insitu.governance.audit_service``).
-When the platform runs as root each actor's processes run as its own OS user ``insitu-<actor>`` and its home
-is 0700, so a site's process can read only its own secrets. The state file (ports, PIDs, every credential: the operator's copy) is root's, 0600, and
-its directory is never handed to a site process. ``down()`` stops exactly the processes ``up()`` recorded, by PID.
+When the platform runs as root each actor's processes run as its own OS user ``insitu-<actor>`` and its home is
+0700, so a site's process can read only its own secrets. The state file (ports, PIDs, every credential: the
+operator's copy) is root's, 0600, and its directory is never handed to a site process. ``down()`` stops exactly
+the processes ``up()`` recorded, by PID.
 
 ``Platform`` is the operator's one handle on all of it (CLI and tests); the work is done by one module per job:
 ``paths`` (where things live), ``state`` (the state file and its secrets), ``env`` (each process's environment),
