@@ -21,6 +21,7 @@ the caller's (mode 0600/0700): the separation between admin and runtime needs ro
 from __future__ import annotations
 
 import json
+from typing import NoReturn
 
 from deployments.platform.actors import Actors
 from deployments.platform.errors import PlatformError
@@ -136,7 +137,7 @@ class AdminTrust:
             self._audit(site).append("policy.installed", version=signed.policy.version, sha256=sha,
                                      signer=signed.signer, by=self._actors.admin_account(site).name)
 
-    def _refuse(self, site: str, rule: str, why: str, **fields: object) -> None:
+    def _refuse(self, site: str, rule: str, why: str, **fields: object) -> NoReturn:
         self._audit(site).append("policy.refused", action="install", rule=rule, reason=why, **fields)
         raise PlatformError(why)
 
