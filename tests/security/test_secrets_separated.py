@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -78,8 +79,8 @@ def test_no_site_process_is_told_where_the_state_is(platform: Platform) -> None:
             assert "INSITU_HOME" not in env
             # the only paths under the state dir a site is given are inside its own home and its admin's directory
             under = [v for v in env.values() if str(platform.dir) in v]
-            assert all(v.startswith((str(platform.actor_home(site)) + "/", str(platform.admin_dir(site)) + "/"))
-                       for v in under), under
+            mine = (platform.actor_home(site), platform.admin_dir(site))
+            assert all(any(Path(v) == d or d in Path(v).parents for d in mine) for v in under), under
         worker = psutil.Process(platform.state["pids"][f"worker-insitu-{site}"])
         assert "INSITU_HOME" not in worker.environ()
 
