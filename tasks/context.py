@@ -27,6 +27,7 @@ from insitu.governance.policy import (
     job_owner_refusal,
     load_policy,
 )
+from insitu.governance.policy_version import RULE_VERSION, installed_refusal
 from insitu.governance.request import Action, training_sha256
 from insitu.job import JobSpec, resolve
 from insitu.storage import Store, store_from_env
@@ -109,9 +110,13 @@ def admit(ident: Identity, action: Action, job_id: str, training: str, dataset: 
         if ident.policy is None:
             raise PolicyError(f"site {ident.actor!r} has no policy file in its identity {ident.path}")
         policy = load_policy(ident.policy, ident.actor, ident.admins)
+        older = installed_refusal(ident.policy, ident.actor, policy.version)
+        if older:  # an older signed policy put back: every request is refused until the admin installs a newer one
+            raise PolicyError(older)
     except PolicyError as e:
+        rule = RULE_VERSION if RULE_VERSION in str(e) else "policy.signed-by-site-admin"
         audit.append("policy.refused", job_id=job_id, flow_run_id=flow_run_id, action=action, dataset=dataset,
-                     rule="policy.signed-by-site-admin", reason=str(e))
+                     rule=rule, reason=str(e))
         raise
     digest = training_sha256(load_training(trusted_training(training)))
     d = decide(policy, request, action=action, dataset=dataset, job_id=job_id, training=training,

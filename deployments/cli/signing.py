@@ -15,7 +15,7 @@ from typing import Any
 from rich.table import Table
 
 from deployments.cli.common import console, fail
-from deployments.platform import Platform
+from deployments.platform import Platform, PlatformError
 from insitu.governance.policy import PolicyError, SignedPolicy, read_signed_policy
 from insitu.governance.principals import PrincipalError, key_id, resolve_key_file
 from insitu.governance.request import RequestError, SignedRequest, parse_signed, sign_for
@@ -137,7 +137,8 @@ def apply(p: Platform, site: str, as_: str | None, cedar_file: Path | None, prin
         new_limits = Limits.model_validate({**(current.limits if current else Limits()).model_dump(), **changed})
     except ValueError as e:
         raise fail(f"policy not applied: the limits are not valid: {e}") from None
-    version = (current.version if current else _policy_version_on_disk(p, site)) + 1
+    # Above every version the site accepted: an older (or equal) one would be refused (policy.version-only-grows).
+    version = max(current.version if current else 0, _policy_version_on_disk(p, site)) + 1
     try:
         name, key_file = resolve_key_file(as_, default_dir=p.principals_dir)
         new = SitePolicy(site=site, version=version, issued_at=datetime.now(UTC), principals=principals,
@@ -146,12 +147,23 @@ def apply(p: Platform, site: str, as_: str | None, cedar_file: Path | None, prin
         verify_policy(signed, site, p.site_admins(site))  # the site would refuse it: refuse here, write nothing
     except (PolicyError, PrincipalError) as e:
         raise fail(f"policy not applied: {e}") from None
-    p.install_policy(site, signed.model_dump_json(indent=2))
+    try:
+        p.install_policy(site, signed.model_dump_json(indent=2))
+    except PlatformError as e:
+        raise fail(f"policy not applied: {e}") from None
     console.print(f"site {site}: policy v{new.version} signed by {name} installed at {p.policy_file(site)}")
 
 
 def _policy_version_on_disk(p: Platform, site: str) -> int:
+    """The highest of the installed policy's version and the version the site's record says it accepted."""
+    from insitu.governance.policy_version import PolicyVersionError, read_record
+
     try:
-        return read_signed_policy(p.policy_file(site)).policy.version
+        installed = read_signed_policy(p.policy_file(site)).policy.version
     except PolicyError:
-        return 0
+        installed = 0
+    try:
+        record = read_record(p.policy_record(site))
+    except PolicyVersionError:
+        record = None
+    return max(installed, int(record["version"]) if record else 0)

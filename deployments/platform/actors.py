@@ -26,6 +26,11 @@ class Actors:
         """The OS user an actor's processes run as (its own when isolated, else the caller)."""
         return ensure_account(f"insitu-{actor}") if self.isolate else current_account()
 
+    def admin_account(self, actor: str) -> Account:
+        """The OS user that owns the actor's root of trust (identity, admin keys, policy, CA key): its admin
+        identity, which runs none of the actor's processes (the caller when not isolated)."""
+        return ensure_account(f"insitu-{actor}-admin") if self.isolate else current_account()
+
     def audit_account(self) -> Account:
         """The OS user the audit services run as: no actor's processes can read the keys or touch the logs."""
         return ensure_account("insitu-audit") if self.isolate else current_account()

@@ -29,6 +29,7 @@ from deployments.platform.processes import Component
 from deployments.platform.provision import s3_policies
 from deployments.platform.state import PlatformState
 from insitu.conf import SitesConfig
+from insitu.governance.audit_proof import service_public_hex
 
 
 def console_script(name: str) -> str:
@@ -57,7 +58,10 @@ class Components:
         p = self._paths
         return [Component(f"audit-{a}", [sys.executable, "-m", "insitu.governance.audit_service", "--config",
                                          str(p.audit_service_file(a))],
-                          self._envs.base(), lambda a=a: audit_ok(p.audit_socket(a), a, p.audit_log(a)), timeout=60,
+                          self._envs.base(),
+                          lambda a=a: audit_ok(p.audit_socket(a), a, p.audit_log(a),
+                                               service_public_hex(self._state.audit_signing_key(a))),
+                          timeout=60,
                           account=self._actors.audit_account())
                 for a in self._actors.names]
 

@@ -23,12 +23,12 @@ def tcp_ok(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def audit_ok(socket_path: Path, actor: str, log: Path) -> bool:
-    """Does the actor's audit service answer (with the head of its log)?"""
+def audit_ok(socket_path: Path, actor: str, log: Path, service_key: str | None = None) -> bool:
+    """Does the actor's audit service answer (with the head of its log, signed by its ``service_key``)?"""
     from insitu.governance.audit_service import AuditClient
 
     try:
-        return AuditClient(socket_path, actor, log).head() is not None
+        return AuditClient(socket_path, actor, log, service_key).head() is not None
     except Exception:
         return False
 

@@ -1,57 +1,51 @@
-"""Fill an actor's home *as that actor* (``python -m deployments.platform.home``, the identity as JSON on stdin).
+"""Fill an actor's home *as that actor* (``python -m deployments.platform.home``, a JSON spec on stdin).
 
-The home belongs to the site's OS user, so a site process can plant symbolic links in it. Root must not
-write there by name (it would follow a link to ``/etc/shadow`` or another site's home); the platform
+The home belongs to the site's OS user (its runtime), so a site process can plant symbolic links in it. Root
+must not write there by name (it would follow a link to ``/etc/shadow`` or another site's home); the platform
 therefore only creates the home directory itself (in its own root-owned ``actors/``) and runs this module
-as the actor's user to write the identity file, the TLS material and the sub-directories. Whatever a
-link points to, this process can only write what the actor could write anyway.
+as the actor's user to write the sub-directories and the TLS material its admin issued (the CA certificate,
+the site's leaf certificate and key; never the CA key). Whatever a link points to, this process can only
+write what the actor could write anyway.
+
+The actor's identity file and policy are not here: they are its admin's (``deployments.platform.admin``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from insitu.governance.identity import Identity, write_identity, write_private
+from insitu.governance.identity import write_private
 
-SUBDIRS = ("tmp", "tmp/matplotlib", "prefect", "dask", "policy")
+SUBDIRS = ("tmp", "tmp/matplotlib", "prefect", "dask", "tls")
+TLS_MODES = {"ca.pem": 0o644, "site.pem": 0o644, "site-key.pem": 0o600}
+# What homes of an older platform held that now belongs to the admin: removed so that nothing reads it.
+LEFTOVERS = ("identity.json", "tls/ca-key.pem", "policy/policy.json")
 
 
-def prepare_home(home: Path, identity: Identity, with_tls: bool) -> None:
-    """Sub-directories (0700), the identity file (0600) and, for a site, its Dask CA and certificate."""
+def prepare_home(home: Path, tls: dict[str, str]) -> None:
+    """Sub-directories (0700) and, for a site, the TLS files its admin issued (keys 0600)."""
     for sub in SUBDIRS:
         d = home / sub
         d.mkdir(parents=True, exist_ok=True)
         d.chmod(0o700)
-    write_identity(identity.path, identity)
-    if with_tls:
-        from insitu.governance.pki import create_site_pki
-
-        create_site_pki(home / "tls", identity.actor)
-
-
-def install_policy(path: Path, signed_policy: str, replace: bool) -> bool:
-    """Write the site's signed policy (when missing, or always with ``replace``); True if written.
-
-    A restart must not overwrite a policy a site admin applied since, so the platform's default is only
-    written into an empty place.
-    """
-    if path.exists() and not replace:
-        return False
-    write_private(path, signed_policy)
-    return True
+    for name, text in tls.items():
+        if name not in TLS_MODES:
+            raise ValueError(f"unexpected TLS file {name!r}")
+        write_private(home / "tls" / name, text, mode=TLS_MODES[name])
+    for old in LEFTOVERS:
+        p = home / old
+        if p.is_file() and not p.is_symlink():
+            os.unlink(p)
 
 
 def main() -> None:
-    # {"identity": <identity file text>, "path", "home", "with_tls", optional "policy": {"text", "replace"}}
+    # {"home": <path>, "tls": {file name: PEM text}}
     spec: dict[str, Any] = json.load(sys.stdin)
-    ident = Identity.from_json(spec["identity"], Path(spec["path"]))
-    if not spec.get("policy_only"):
-        prepare_home(Path(spec["home"]), ident, bool(spec["with_tls"]))
-    if spec.get("policy") and ident.policy is not None:
-        install_policy(ident.policy, spec["policy"]["text"], bool(spec["policy"]["replace"]))
+    prepare_home(Path(spec["home"]), spec.get("tls") or {})
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 The state directory is root's (others may only pass through); each actor owns its own home, filled *as
 that actor* by ``deployments.platform.home`` (root must not write by name into a directory a site owns);
+each actor's root of trust (identity, policy, CA) is its admin's (``deployments.platform.admin``);
 the audit services' directory is ``insitu-audit``'s, each actor reaching only its own socket.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from deployments.platform.actors import COORDINATOR, Actors
+from deployments.platform.admin import AdminTrust
 from deployments.platform.errors import PlatformError
 from deployments.platform.paths import OPERATOR_DIRS, REPO, PlatformPaths
 from deployments.platform.principals import Principals
@@ -31,6 +33,7 @@ class Layout:
         self._actors = actors
         self._principals = principals
         self._state = state
+        self.admin = AdminTrust(paths, actors, state)
 
     def prepare_dirs(self) -> None:
         """The state directory is root's (others may only pass through); each actor owns its own home."""
@@ -60,10 +63,10 @@ class Layout:
             os.chown(home, acct.uid, acct.gid, follow_symlinks=False)
         home.chmod(0o700)
         ident = self.identity(actor)
-        extra: dict[str, Any] = {"with_tls": actor != COORDINATOR}
-        if actor != COORDINATOR:  # the platform's default policy, unless the site already has one
-            extra["policy"] = {"text": self._principals.default_policy(actor), "replace": False}
-        self._run_home_helper(actor, ident, extra)
+        self.admin.prepare(ident)
+        # The runtime gets the CA certificate and its own leaf; the CA key stays with the admin.
+        tls = self.admin.site_pki(actor) if actor != COORDINATOR else {}
+        self._run_home_helper(actor, ident, {"tls": tls})
 
     def identity(self, actor: str) -> Identity:
         """The actor's identity file: its role, work pool, audit service and (a site's) policy and admins."""
@@ -73,24 +76,28 @@ class Layout:
                         work_pool=self._actors.work_pool(actor), audit_log=p.audit_log(actor),
                         audit_key=None, audit_socket=p.audit_socket(actor), path=p.identity_file(actor),
                         policy=p.policy_file(actor) if site else None,
-                        admins=self._principals.site_admins(actor) if site else {})
+                        admins=self._principals.site_admins(actor) if site else {},
+                        **self.admin.identity_fields(actor))  # type: ignore[arg-type]
+
+    def install_default_policies(self) -> None:
+        """The platform's default policy for each site that has none yet (once its audit service runs)."""
+        for site in self._actors.sites.names:
+            self.admin.install_policy(site, self._principals.default_policy(site), self._principals.site_admins(site),
+                                      replace=False)
 
     def install_policy(self, site: str, signed_policy: str) -> None:
-        """Install a signed policy in the site's home, written *as the site* (see ``home``)."""
-        self._run_home_helper(site, self.identity(site), {"policy_only": True,
-                                                          "policy": {"text": signed_policy, "replace": True}})
+        """Install a signed policy as the site's admin: refused (and audited) unless the site would accept it
+        (a site admin's signature, a version above the accepted one: rule ``policy.version-only-grows``)."""
+        self.admin.install_policy(site, signed_policy, self._principals.site_admins(site))
 
     def _run_home_helper(self, actor: str, ident: Identity, extra: dict[str, Any]) -> None:
         """Run ``deployments.platform.home`` as the actor (in-process when not isolated), ``extra`` in its spec."""
         home = self._paths.actor_home(actor)
-        spec = {"identity": ident.to_json(), "path": str(ident.path), "home": str(home), **extra}
+        spec = {"home": str(home), **extra}
         if not self._actors.isolate:
             from deployments.platform import home as home_helper
 
-            if not spec.get("policy_only"):
-                home_helper.prepare_home(home, ident, with_tls=bool(spec.get("with_tls")))
-            if spec.get("policy") and ident.policy is not None:
-                home_helper.install_policy(ident.policy, spec["policy"]["text"], bool(spec["policy"]["replace"]))
+            home_helper.prepare_home(home, spec.get("tls") or {})
             return
         acct = self._actors.account(actor)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "PYTHONPATH": str(REPO)}
@@ -108,6 +115,9 @@ class Layout:
             make_private_dir(self._paths.audit_dir / actor, acct, 0o700)
             spec = {"actor": actor, "log": str(self._paths.audit_log(actor)),
                     "key": self._state.audit_key(actor).hex(), "socket": str(self._paths.audit_socket(actor)),
-                    "allowed_uids": [self._actors.account(actor).uid]}
+                    # the runtime logs; its admin and the operator log policy installations
+                    "allowed_uids": sorted({self._actors.account(actor).uid, self._actors.admin_account(actor).uid,
+                                            os.geteuid()}),
+                    "signing_key": self._state.audit_signing_key(actor)}
             owner = (acct.uid, acct.gid) if os.geteuid() == 0 else ()
             write_private(self._paths.audit_service_file(actor), json.dumps(spec), *owner)

@@ -2,8 +2,11 @@
 
 The state directory (``.insitu`` by default) is the operator's (root's when isolated): its ``state.json``,
 ``logs/`` and the servers' data are never handed to a site. Each actor has a home ``actors/<actor>/``
-(identity file, TLS keys, signed policy, temporary files); the audit services keep each actor's log and
-key in ``audit/<actor>/``, out of every actor's reach.
+(TLS leaf key, Prefect and Dask files, temporary files), the runtime's; its root of trust lives apart in
+``admin/<actor>/``, owned by the actor's admin identity (``insitu-<actor>-admin`` when root): the identity file,
+the signed policy and the record of its accepted version (the runtime's group may read them), and the site's CA
+(``ca/``, the admin's only). The audit services keep each actor's log and key in ``audit/<actor>/``, out of
+every actor's reach.
 """
 
 from __future__ import annotations
@@ -43,11 +46,28 @@ class PlatformPaths:
     def actor_home(self, actor: str) -> Path:
         return self.actors_dir / actor
 
+    # ------------------------------------------------------------------ actors' roots of trust (their admins')
+    @property
+    def admin_root(self) -> Path:
+        return self.root / "admin"
+
+    def admin_dir(self, actor: str) -> Path:
+        """The actor's root of trust: its admin's, readable (not writable) by the actor's runtime group."""
+        return self.admin_root / actor
+
     def identity_file(self, actor: str) -> Path:
-        return self.actor_home(actor) / "identity.json"
+        return self.admin_dir(actor) / "identity.json"
 
     def policy_file(self, site: str) -> Path:
-        return self.actor_home(site) / "policy" / "policy.json"
+        return self.admin_dir(site) / "policy.json"
+
+    def policy_record(self, site: str) -> Path:
+        """The newest policy version the site accepted (``insitu.governance.policy_version``)."""
+        return self.admin_dir(site) / "accepted.json"
+
+    def ca_dir(self, site: str) -> Path:
+        """The site's CA (its private key): the admin's only, never the runtime's."""
+        return self.admin_dir(site) / "ca"
 
     def tls_dir(self, site: str) -> Path:
         return self.actor_home(site) / "tls"

@@ -7,12 +7,14 @@ user per site, allowed only its own bucket and its own prefixes of the exchange)
 workers per site (mutual TLS with the site's own CA), the work pools (locked job templates), and one
 insitu worker per pool (``deployments/worker.py``) that refuses runs carrying overrides.
 
-Each site is an *actor* with a home ``actors/<site>/`` holding its identity file, TLS keys, signed site
-policy and temporary files; its audit log and key live in ``audit/<actor>/`` with its audit service, which
-runs as ``insitu-audit`` (``insitu.governance.audit_service``). When the platform runs as root each actor's
-processes run as its own OS user ``insitu-<actor>`` and its home is 0700, so a site's process can read only
-its own secrets. The state file (ports, PIDs, every credential: the operator's copy) is root's, 0600, and
-its directory is never handed to a site process. ``down()`` stops exactly the processes ``up()`` recorded, by PID.
+Each site is an *actor* with a home ``actors/<site>/`` holding its TLS certificate and key and temporary files,
+and a root of trust ``admin/<site>/`` (identity file, signed policy, CA key) owned by its admin identity
+``insitu-<site>-admin``, which its runtime can read but not change; its audit log and key live in
+``audit/<actor>/`` with its audit service, which runs as ``insitu-audit`` (``insitu.governance.audit_service``).
+When the platform runs as root each actor's processes run as its own OS user ``insitu-<actor>`` and its home is
+0700, so a site's process can read only its own secrets. The state file (ports, PIDs, every credential: the
+operator's copy) is root's, 0600, and its directory is never handed to a site process. ``down()`` stops exactly
+the processes ``up()`` recorded, by PID.
 
 ``Platform`` is the operator's one handle on all of it (CLI and tests); the work is done by one module per job:
 ``paths`` (where things live), ``state`` (the state file and its secrets), ``env`` (each process's environment),
@@ -88,6 +90,7 @@ class Platform:
         self._state.save()
         self._layout.prepare_audit()
         started = self._processes.ensure(self._components.audit())
+        self._layout.install_default_policies()  # audited: the audit services run from here on
         servers = self._components.servers()
         started += self._processes.ensure(servers)
         self._provision_started(servers, started)
@@ -208,6 +211,21 @@ class Platform:
     def policy_file(self, site: str) -> Path:
         return self._paths.policy_file(site)
 
+    def policy_record(self, site: str) -> Path:
+        """The newest policy version ``site`` accepted (its admin's record)."""
+        return self._paths.policy_record(site)
+
+    def admin_dir(self, actor: str) -> Path:
+        """The actor's root of trust: identity, policy, record, CA; its admin's."""
+        return self._paths.admin_dir(actor)
+
+    def ca_dir(self, site: str) -> Path:
+        return self._paths.ca_dir(site)
+
+    def admin_account(self, actor: str) -> Account:
+        """The OS user that owns the actor's root of trust (``insitu-<actor>-admin`` when isolated)."""
+        return self._actors.admin_account(actor)
+
     def tls_dir(self, site: str) -> Path:
         return self._paths.tls_dir(site)
 
@@ -257,7 +275,8 @@ class Platform:
         return self._principals.default_policy(site, version)
 
     def install_policy(self, site: str, signed_policy: str) -> None:
-        """Install a signed policy in the site's home, written *as the site* (see ``home``)."""
+        """Install a signed policy as the site's admin (see ``admin``): refused and audited unless signed by a
+        site admin for this site with a version above the one it accepted (``policy.version-only-grows``)."""
         self._layout.install_policy(site, signed_policy)
 
     # ------------------------------------------------------------------ addresses

@@ -12,6 +12,11 @@ own, running as a separate OS user (``insitu-audit`` on the local platform), lis
 The key and the log live in a directory only the service's user can read. :class:`AuditClient` is what a
 site's processes use; it has the same ``append`` / ``with_fields`` / ``head`` interface as
 :class:`~insitu.governance.audit.AuditLog`.
+
+The service proves who it is (:mod:`insitu.governance.audit_proof`): a request may carry a fresh
+``challenge``; the answer then carries ``proof``, the service's Ed25519 signature (key ``signing_key`` of its
+configuration) over the actor, the challenge and the answer. A client given the service's pinned public key
+sends a challenge with every request and refuses any answer without a valid proof (fails closed).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from insitu.governance.audit import AuditLog, log_head
+from insitu.governance.audit_proof import RULE_AUDIT_SERVICE, new_challenge, proof_refusal, prove, service_key
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,7 @@ class _Handler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         uid = _peer_uid(self.request)
         line = self.rfile.readline(MAX_REQUEST + 1)
+        req: Any = {}
         try:
             if len(line) > MAX_REQUEST:
                 raise AuditServiceError(f"request larger than {MAX_REQUEST} bytes")
@@ -66,11 +73,21 @@ class _Handler(socketserver.StreamRequestHandler):
         except Exception as e:  # answer every failure: the client raises it
             log.warning("audit service %s: refused a request from uid %d: %s", self.server.audit.actor, uid, e)
             out = {"error": f"{type(e).__name__}: {e}"}
+        out = _with_proof(self.server, req if isinstance(req, dict) else {}, out)
         self.wfile.write(json.dumps(out).encode() + b"\n")
+
+
+def _with_proof(server: _Server, req: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` signed over the request's challenge, when the request carries one and the service has a key."""
+    challenge = req.get("challenge")
+    if server.signing_key is None or not isinstance(challenge, str) or len(challenge) > 256:
+        return out
+    return {**out, "proof": prove(server.signing_key, server.audit.actor, challenge, out)}
 
 
 class _Server(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
+    signing_key: Any = None  # the service's Ed25519 key: it signs its answers (audit_proof)
 
     def __init__(self, path: str, audit: AuditLog, allowed_uids: set[int]) -> None:
         self.audit = audit
@@ -80,12 +97,13 @@ class _Server(socketserver.ThreadingUnixStreamServer):
 
 def serve(config: Path) -> None:
     """Run one actor's audit service from its configuration file (``actor``, ``log``, ``key``, ``socket``,
-    ``allowed_uids``) until terminated."""
+    ``allowed_uids``, and ``signing_key``: its Ed25519 key, hex) until terminated."""
     spec = json.loads(config.read_text())
     audit = AuditLog(spec["log"], bytes.fromhex(spec["key"]), spec["actor"])
     sock = Path(spec["socket"])
     sock.unlink(missing_ok=True)
     server = _Server(str(sock), audit, {int(u) for u in spec["allowed_uids"]})
+    server.signing_key = service_key(spec["signing_key"]) if spec.get("signing_key") else None
     os.chmod(sock, 0o666)  # who may write is decided per connection, by SO_PEERCRED
     if log_head(audit.path) is None:
         audit.append("audit.started", pid=os.getpid())  # a deployed actor's log exists from the start
@@ -99,18 +117,30 @@ def serve(config: Path) -> None:
 class AuditClient:
     """Append to an actor's log through its audit service (same interface as ``AuditLog``)."""
 
-    def __init__(self, socket_path: str | Path, actor: str, path: str | Path) -> None:
+    def __init__(self, socket_path: str | Path, actor: str, path: str | Path, service_key: str | None = None) -> None:
         self.socket_path = str(socket_path)
         self.actor = actor
         self.path = Path(path)  # where the service keeps the log (not readable by the actor)
+        self.service_key = service_key  # the service's pinned public key (hex): every answer must be signed by it
         self.defaults: dict[str, Any] = {}
 
     def with_fields(self, **defaults: Any) -> AuditClient:
-        bound = AuditClient(self.socket_path, self.actor, self.path)
+        bound = AuditClient(self.socket_path, self.actor, self.path, self.service_key)
         bound.defaults = {**self.defaults, **defaults}
         return bound
 
     def _call(self, req: dict[str, Any]) -> dict[str, Any]:
+        challenge = new_challenge() if self.service_key else None
+        if challenge:
+            req = {**req, "challenge": challenge}
+        out = self._exchange(req)
+        if challenge:
+            _check_answer(self, challenge, out)
+        if "error" in out:
+            raise AuditServiceError(f"{self.actor}'s audit service refused: {out['error']}")
+        return out
+
+    def _exchange(self, req: dict[str, Any]) -> dict[str, Any]:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(30)
             try:
@@ -125,9 +155,13 @@ class AuditClient:
                 if not chunk:
                     break
                 data += chunk
-        out = json.loads(data)
-        if "error" in out:
-            raise AuditServiceError(f"{self.actor}'s audit service refused: {out['error']}")
+        try:
+            out = json.loads(data)
+        except ValueError:
+            raise AuditServiceError(f"{self.actor}'s audit service at {self.socket_path} sent no valid answer") \
+                from None
+        if not isinstance(out, dict):
+            raise AuditServiceError(f"{self.actor}'s audit service at {self.socket_path} sent no valid answer")
         return out
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
@@ -136,6 +170,16 @@ class AuditClient:
     def head(self) -> tuple[int, str] | None:
         h = self._call({"op": "head"})["head"]
         return (int(h[0]), str(h[1])) if h else None
+
+
+def _check_answer(client: AuditClient, challenge: str, out: dict[str, Any]) -> None:
+    """Fail closed unless ``out`` is signed by the pinned service key over this very challenge."""
+    assert client.service_key is not None
+    why = proof_refusal(client.service_key, client.actor, challenge, out)
+    if why:
+        raise AuditServiceError(f"{client.actor}'s audit service at {client.socket_path} is not the one its "
+                                f"identity pins: {why}; nothing is done unaudited; rule {RULE_AUDIT_SERVICE}. Fix: "
+                                "check the identity file's audit_socket and audit_service_key (the site admin's)")
 
 
 def main() -> None:

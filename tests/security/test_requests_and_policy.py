@@ -22,8 +22,9 @@ from platform_helpers import job_events, run_dispatched, run_flow
 from prefect.client.schemas.objects import FlowRun
 
 from deployments.cli import signing as governance
-from deployments.platform import REPO, Platform
+from deployments.platform import REPO, Platform, PlatformError
 from insitu.governance.audit import verify
+from insitu.governance.identity import write_private
 from insitu.governance.policy import SitePolicy, sign_policy
 from insitu.governance.principals import load_private_key
 
@@ -32,6 +33,11 @@ pytestmark = pytest.mark.e2e
 
 def _run_prepare(site: str, params: dict[str, Any], timeout: float = 300) -> FlowRun:
     return run_flow(f"site-prepare/{site}", params, timeout)
+
+
+def _file_mode(p: Platform) -> int:
+    """The mode of the files the admin shares with its runtime (group-readable only when they are two users)."""
+    return 0o640 if p.isolate else 0o600
 
 
 def _decisions(p: Platform, site: str, job_id: str) -> list[dict[str, Any]]:
@@ -105,11 +111,16 @@ def test_only_a_site_admin_can_change_a_sites_policy(deployed: Platform, signer:
     with pytest.raises(typer.Exit):
         governance.apply(deployed, "us", "alice", None, None, 1)
     assert deployed.policy_file("us").read_text() == original
-    # Around the CLI: a policy signed by alice (admitting anything) is put in place at the site itself.
+    # Through the site's install path (its admin's): a policy signed by alice (admitting anything) is refused.
     lax = current.model_copy(update={"version": current.version + 1,
                                      "cedar": "@id(\"anything\") permit (principal, action, resource);"})
     bundle = sign_policy(lax, "alice", load_private_key(deployed.principal_key_file("alice")))
-    deployed.install_policy("us", bundle.model_dump_json())
+    with pytest.raises(PlatformError, match="policy.signed-by-site-admin"):
+        deployed.install_policy("us", bundle.model_dump_json())
+    assert deployed.policy_file("us").read_text() == original
+    # Around it (written in the admin's place by someone who could): the site refuses to load it.
+    admin, runtime = deployed.admin_account("us"), deployed.account("us")
+    write_private(deployed.policy_file("us"), bundle.model_dump_json(), admin.uid, runtime.gid, _file_mode(deployed))
     try:
         job_id = f"e2e-policy-lax-{uuid.uuid4().hex[:6]}"
         fr = _run_prepare("us", {"job_id": job_id, "shards": ["us-000"],
@@ -123,7 +134,7 @@ def test_only_a_site_admin_can_change_a_sites_policy(deployed: Platform, signer:
             governance.apply(deployed, "us", "us-admin", None, None, 50)
         assert deployed.policy_file("us").read_text() == planted
     finally:
-        deployed.install_policy("us", original)
+        write_private(deployed.policy_file("us"), original, admin.uid, runtime.gid, _file_mode(deployed))
     # The site admin may: a new version that no longer admits evaluation, seen by `policy check` at once.
     cedar = current.cedar.replace(', Insitu::Action::"evaluate"]', "]")
     path = deployed.dir / "tmp" / "us-no-evaluate.cedar"
@@ -135,8 +146,9 @@ def test_only_a_site_admin_can_change_a_sites_policy(deployed: Platform, signer:
                                 "e2e-check", {})
         assert not governance.check(deployed, "us", "evaluate", None, "alice", "fraud", "fraud", "fraud-detection",
                                     "e2e-check", {})
-    finally:
-        deployed.install_policy("us", original)
+    finally:  # back to the original rules, as a newer version (versions only grow)
+        path.write_text(current.cedar)
+        governance.apply(deployed, "us", "us-admin", path, None, None)
 
 
 def test_a_site_scores_only_the_jobs_final_model_and_the_champion(deployed: Platform, signer: Any) -> None:

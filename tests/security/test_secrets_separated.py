@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -76,9 +77,10 @@ def test_no_site_process_is_told_where_the_state_is(platform: Platform) -> None:
         for env in (platform.site_env(site), platform.dask_env(site)):
             assert not any(str(platform.state_file) in v for v in env.values())
             assert "INSITU_HOME" not in env
-            # the only path under the state dir a site is given is inside its own home
+            # the only paths under the state dir a site is given are inside its own home and its admin's directory
             under = [v for v in env.values() if str(platform.dir) in v]
-            assert all(v.startswith(str(platform.actor_home(site))) for v in under), under
+            mine = (platform.actor_home(site), platform.admin_dir(site))
+            assert all(any(Path(v) == d or d in Path(v).parents for d in mine) for v in under), under
         worker = psutil.Process(platform.state["pids"][f"worker-insitu-{site}"])
         assert "INSITU_HOME" not in worker.environ()
 

@@ -10,12 +10,14 @@ import pytest
 from insitu.governance.audit import new_key, read_events, verify
 from insitu.governance.identity import (
     ENV_IDENTITY,
+    RULE_ADMIN_OWNED,
     RULE_POOL,
     RULE_RUNTIME_OVERRIDE,
     Identity,
     IdentityError,
     check_pool,
     load_identity,
+    ownership_refusal,
     refuse_runtime_overrides,
     runtime_overrides,
     write_identity,
@@ -96,3 +98,39 @@ def test_writing_never_follows_a_planted_link(tmp_path: Path) -> None:
     write_identity(ident.path, ident)
     assert victim.read_text() == "precious"
     assert load_identity({ENV_IDENTITY: str(ident.path)}) == ident
+
+
+# --------------------------------------------------------------------------- owned by the site's admin identity
+def test_an_audit_service_must_be_pinned(tmp_path: Path) -> None:
+    raw = _identity(tmp_path).to_json().replace('"audit_key"', '"audit_socket": "/x.sock", "unused"')
+    with pytest.raises(IdentityError, match="audit_service_key"):
+        Identity.from_json(raw, tmp_path / "identity.json")
+    pinned = Identity(actor="eu", role="site", work_pool="insitu-eu", audit_log=tmp_path / "eu.jsonl", audit_key=None,
+                      path=tmp_path / "identity.json", audit_socket=Path("/x.sock"), audit_service_key="ab" * 32,
+                      admin="nobody")
+    assert Identity.from_json(pinned.to_json(), pinned.path) == pinned
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to another user")
+def test_an_admin_owned_identity_is_read_not_written_by_the_runtime(tmp_path: Path) -> None:
+    import pwd
+
+    admin = pwd.getpwnam("nobody")
+    me = 4242  # the runtime: neither the file's nor its directory's owner
+    d = tmp_path / "admin"
+    d.mkdir()
+    os.chown(d, admin.pw_uid, admin.pw_gid)
+    d.chmod(0o750)
+    ident = Identity(actor="eu", role="site", work_pool="insitu-eu", audit_log=tmp_path / "eu.jsonl", audit_key=None,
+                     path=d / "identity.json", audit_socket=Path("/x.sock"), audit_service_key="ab" * 32,
+                     admin="nobody")
+    write_identity(ident.path, ident, admin.pw_uid, admin.pw_gid, 0o640)
+    assert ownership_refusal(ident.path, ident.path.stat(), "nobody", me) == ""
+    os.chown(ident.path, me, admin.pw_gid)
+    assert RULE_ADMIN_OWNED in ownership_refusal(ident.path, ident.path.stat(), "nobody", me)
+    os.chown(ident.path, admin.pw_uid, admin.pw_gid)
+    ident.path.chmod(0o660)  # the runtime's group could write it
+    assert "chmod 640" in ownership_refusal(ident.path, ident.path.stat(), "nobody", me)
+    ident.path.chmod(0o640)
+    os.chown(d, me, admin.pw_gid)  # the runtime owns the directory: it could swap the file
+    assert "could replace the file" in ownership_refusal(ident.path, ident.path.stat(), "nobody", me)
