@@ -72,6 +72,11 @@ class PlatformPaths:
     def audit_socket(self, actor: str) -> Path:
         return self.audit_dir / f"{actor}.sock"
 
+    @property
+    def audit_service_keys(self) -> Path:
+        """The audit services' public keys (root's, readable by all): what anchors are checked against."""
+        return self.root / "audit-service-keys.json"
+
     def audit_service_file(self, actor: str) -> Path:
         return self.audit_dir / actor / "service.json"
 

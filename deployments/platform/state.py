@@ -18,6 +18,7 @@ from deployments.platform.actors import COORDINATOR
 from deployments.platform.errors import PlatformError
 from deployments.platform.processes import alive
 from insitu.conf import SitesConfig
+from insitu.governance.anchor_signing import new_service_key
 
 STATE_FORMAT = 2
 DEFAULT_PORTS = {"prefect": 4200, "mlflow": 5055, "s3-exchange": 9100}
@@ -44,6 +45,8 @@ def new_secrets(actors: list[str]) -> dict[str, Any]:
     """Secrets the platform chooses itself; S3 keys are issued by each endpoint's IAM when it starts."""
     return {
         "audit": {a: secrets.token_hex(32) for a in actors},
+        # each audit service's Ed25519 key: it signs its answers (and anchors); its public key is pinned
+        "audit_signing": {a: new_service_key() for a in actors},
         "prefect_auth": f"insitu:{secrets.token_urlsafe(24)}",
         "mlflow": {u: secrets.token_urlsafe(18) for u in ("admin", COORDINATOR, "operator", "flask-secret")},
         "s3": {},
@@ -75,6 +78,9 @@ class PlatformState:
             data["ports"].update(ports)
         if not data.get("secrets"):
             data["secrets"] = new_secrets(actors)
+        signing = data["secrets"].setdefault("audit_signing", {})  # state files from before the services signed
+        for a in actors:
+            signing.setdefault(a, new_service_key())
         return cls(path, data, older_running)
 
     def save(self) -> None:
@@ -100,6 +106,10 @@ class PlatformState:
 
     def audit_key(self, actor: str) -> bytes:
         return bytes.fromhex(self.data["secrets"]["audit"][actor])
+
+    def audit_signing_key(self, actor: str) -> str:
+        """The actor's audit service's Ed25519 private key (hex; see ``insitu.governance.anchor_signing``)."""
+        return str(self.data["secrets"]["audit_signing"][actor])
 
     def s3_provisioned(self, server: str) -> bool:
         """Has ``server``'s endpoint issued its IAM keys yet (it does on its first start)?"""
