@@ -15,7 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 # The operator's own private directories in the state directory (servers' data and the operator's Prefect).
-OPERATOR_DIRS = ("logs", "tmp", "mlflow", "mlflow/artifacts", "prefect-server", "prefect-client")
+OPERATOR_DIRS = ("logs", "tmp", "mlflow", "mlflow/artifacts", "prefect-server", "prefect-client", "s3-kept")
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,10 @@ class PlatformPaths:
 
     def log_file(self, component: str) -> Path:
         return self.logs / f"{component}.log"
+
+    def s3_kept(self, server: str) -> Path:
+        """What an S3 endpoint keeps across restarts: the exchange's audit anchors (``platform.s3_keep``)."""
+        return self.root / "s3-kept" / server
 
     # ------------------------------------------------------------------ actors' homes
     @property

@@ -4,6 +4,11 @@ moto serves ``/moto-api/`` beside S3 and IAM: unauthenticated, it can switch aut
 (``reset-auth``) and lists every user's secret key (``data.json``). Any local process could then read
 every site's store, so this endpoint answers 403 there: S3 and IAM requests are all that remain, and
 moto authenticates those once the platform's setup requests are spent (``INITIAL_NO_AUTH_ACTION_COUNT``).
+
+The exchange's endpoint also keeps audit anchors (``--write-once anchors/ --keep DIR``, see
+:mod:`deployments.platform.s3_keep`): an object under a write-once prefix is never written over, whatever
+the request (PutObject, CopyObject, a multipart upload, any addressing style), and each one is kept in
+``DIR`` and put back when the bucket is created again at the next ``insitu up``.
 """
 
 from __future__ import annotations
@@ -38,7 +43,15 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m deployments.platform.s3")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--write-once", action="append", default=[], metavar="PREFIX",
+                    help="keys under PREFIX are never written over (audit anchors)")
+    ap.add_argument("--keep", type=str, default=None, metavar="DIR",
+                    help="keep the write-once objects in DIR and put them back when their bucket is created")
     args = ap.parse_args(argv)
+    if args.write_once:
+        from deployments.platform.s3_keep import install
+
+        install(tuple(args.write_once), args.keep)
     os.environ.setdefault("MOTO_PORT", str(args.port))  # as moto_server does (moto builds URLs from it)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     app = RefuseAdminApi(DomainDispatcherApplication(create_backend_app))
