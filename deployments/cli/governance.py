@@ -116,6 +116,8 @@ def audit_verify(
 
     Fails when a log is missing, altered, cut short, rolled back with its head, or re-signed.
     """
+    from rich.markup import escape
+
     from insitu.governance.anchors import Found, list_anchors
     from insitu.governance.trail import verify_trail
     from insitu.storage import store_from_env
@@ -141,7 +143,7 @@ def audit_verify(
     console.print(t)
     for r in results:
         for n in r.noise:  # objects nobody's audit service signed: they prove nothing either way
-            console.print(f"[yellow]noise[/yellow] {r.actor}: {n}")
+            console.print(f"[yellow]noise[/yellow] {r.actor}: {escape(str(n))}", soft_wrap=True)
     if not all(r.ok for r in results):
         raise typer.Exit(1)
 
