@@ -67,8 +67,8 @@ def _as_eu(p: Platform, steps: dict[str, tuple[str, str, str]]) -> dict[str, Any
     """Run the attack as eu's runtime OS user, with eu's worker environment (its own exchange keys)."""
     acct = p.account("eu")
     r = subprocess.run([sys.executable, "-c", ATTACK, str(p.conf_dir), EXCHANGE, json.dumps(steps)],
-                       env=p.site_env("eu"), capture_output=True, text=True, timeout=120, user=acct.uid,
-                       group=acct.gid, extra_groups=[], cwd="/")
+                       env={**p.site_env("eu"), "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                       timeout=120, user=acct.uid, group=acct.gid, extra_groups=[], cwd="/")
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout)
 
@@ -172,7 +172,7 @@ def test_the_local_exchange_keeps_its_anchors_across_down_and_up(platform: Platf
 def _as_eu_on(p: Platform, host: Platform, steps: dict[str, tuple[str, str, str]]) -> dict[str, Any]:
     """The attack as eu's OS user (``host``'s account) with eu's keys on ``p``'s exchange."""
     acct = host.account("eu")
-    env = {**host.site_env("eu"), **p._envs.store("exchange", "eu")}
+    env = {**host.site_env("eu"), **p._envs.store("exchange", "eu"), "PYTHONPATH": str(REPO)}
     r = subprocess.run([sys.executable, "-c", ATTACK, str(p.conf_dir), EXCHANGE, json.dumps(steps)], env=env,
                        capture_output=True, text=True, timeout=120, user=acct.uid, group=acct.gid, extra_groups=[],
                        cwd="/")
