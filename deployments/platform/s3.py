@@ -14,6 +14,7 @@ the request (PutObject, CopyObject, a multipart upload, any addressing style), a
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -50,6 +51,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.write_once:
         from deployments.platform.s3_keep import install
+
+        # its refusals and restores go to the endpoint's log (logs/s3-exchange.log), beside moto's requests
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
         install(tuple(args.write_once), args.keep)
     os.environ.setdefault("MOTO_PORT", str(args.port))  # as moto_server does (moto builds URLs from it)

@@ -101,10 +101,11 @@ def install(prefixes: tuple[str, ...], keep_dir: str | None) -> None:
 
     def create_bucket(self: S3Backend, bucket_name: str, *a: Any, **kw: Any) -> Any:
         bucket = original_create(self, bucket_name, *a, **kw)
-        for key, value in kept(directory, bucket_name) if directory is not None else []:
-            original_put(self, bucket_name, key, value, disable_notification=True)
         if directory is not None:
-            log.info("bucket %s: %d kept objects put back", bucket_name, len(kept(directory, bucket_name)))
+            objects = kept(directory, bucket_name)
+            for key, value in objects:
+                original_put(self, bucket_name, key, value, disable_notification=True)
+            log.info("bucket %s: %d kept objects put back from %s", bucket_name, len(objects), directory)
         return bucket
 
     S3Backend.put_object = put_object  # type: ignore[method-assign]

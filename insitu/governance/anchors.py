@@ -74,7 +74,7 @@ class Found:
 
     def of(self, actor: str) -> Found:
         return Found([a for a in self.anchors if a.actor == actor],
-                     [n for n in self.noise if f"/{actor}/" in f"/{n.key}"])
+                     [n for n in self.noise if n.key.startswith(f"{PREFIX}/{actor}/")])
 
 
 def anchor_key(actor: str, seq: int, sha256: str) -> str:
