@@ -47,6 +47,22 @@ class Store:
         with fs.open(path, "wb") as f:
             f.write(data)
 
+    def write_new(self, relative: str, data: bytes) -> None:
+        """Write one object that must not exist yet (a conditional write: ``If-None-Match: *`` on S3).
+
+        Raises
+        ------
+        FileExistsError
+            When the object exists: it is left as it is.
+        """
+        fs, path = self.fs, self.path(relative)
+        if self.url.startswith("file://"):
+            fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            with open(path, "xb") as f:
+                f.write(data)
+            return
+        fs.pipe_file(path, data, mode="create")
+
 
 def store_from_env(ref: StorageRef, owner: str, env: dict[str, str] | None = None) -> Store:
     """Open ``ref`` with the endpoint and keys found in this process's environment.

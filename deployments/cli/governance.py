@@ -122,7 +122,9 @@ def audit_verify(
 
     Fails when a log is missing, altered, cut short, rolled back with its head, or re-signed.
     """
-    from insitu.governance.anchors import list_anchors
+    from rich.markup import escape
+
+    from insitu.governance.anchors import Found, list_anchors
     from insitu.governance.trail import verify_trail
     from insitu.storage import store_from_env
 
@@ -131,20 +133,23 @@ def audit_verify(
     if COORDINATOR not in actors:  # its countersignatures vouch for the sites' anchors
         actors = [COORDINATOR, *actors]
     if skip_anchors:
-        stored = []
+        stored = Found()
         console.print("[yellow]the exchange's anchors are NOT checked (--skip-anchors)[/yellow]")
     elif not is_up(p):
         console.print("[red]the platform is not running, so the anchors on the exchange cannot be read[/red]: "
                       "start it (`insitu up`), or pass --skip-anchors to check without them")
         raise typer.Exit(1)
     else:
-        stored = list_anchors(store_from_env(p.sites.exchange, "exchange"))
+        stored = list_anchors(store_from_env(p.sites.exchange, "exchange"), p.audit_service_keys())
     results = verify_trail({a: (p.audit_log(a), p.audit_key(a)) for a in actors}, stored)
     t = Table("actor", "log", "lines", "anchors", "result")
     for r in results:
         t.add_row(r.actor, str(r.path), str(r.lines), str(r.anchors),
                   "[green]ok[/green] " + r.reason if r.ok else f"[red]BROKEN[/red] {r.reason}")
     console.print(t)
+    for r in results:
+        for n in r.noise:  # objects nobody's audit service signed: they prove nothing either way
+            console.print(f"[yellow]noise[/yellow] {r.actor}: {escape(str(n))}", soft_wrap=True)
     if not all(r.ok for r in results):
         raise typer.Exit(1)
 

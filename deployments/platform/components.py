@@ -29,6 +29,7 @@ from deployments.platform.processes import Component
 from deployments.platform.provision import s3_policies
 from deployments.platform.state import PlatformState
 from insitu.conf import SitesConfig
+from insitu.governance.anchors import PREFIX as ANCHORS
 from insitu.governance.audit_proof import service_public_hex
 
 
@@ -105,7 +106,11 @@ class Components:
         # moto authenticates every request after its first N, the platform's setup calls (STACK-NOTES).
         port = self._urls.port(f"s3-{server}")
         users = len(s3_policies(self._sites, server))
-        return Component(f"s3-{server}", [sys.executable, "-m", "deployments.platform.s3", "--port", str(port)],
+        # The exchange keeps the audit anchors: never written over, and kept across `down`/`up` (s3_keep).
+        keep = ["--write-once", f"{ANCHORS}/", "--keep", str(self._paths.s3_kept(server))] \
+            if server == "exchange" else []
+        return Component(f"s3-{server}", [sys.executable, "-m", "deployments.platform.s3", "--port", str(port),
+                                          *keep],
                          {**self._envs.base(), "INITIAL_NO_AUTH_ACTION_COUNT": str(no_auth_action_count(users))},
                          lambda p=port: tcp_ok(p), extra={"s3": server})
 

@@ -18,6 +18,7 @@ from deployments.platform.paths import PlatformPaths
 from deployments.platform.state import PlatformState
 from deployments.platform.users import Account, current_account
 from insitu.conf import SitesConfig
+from insitu.governance.anchor_signing import ENV_AUDIT_SERVICE_KEYS
 from insitu.governance.approvals import ENV_APPROVALS
 from insitu.governance.identity import ENV_IDENTITY
 
@@ -136,6 +137,7 @@ class Environments:
             "MLFLOW_TRACKING_PASSWORD": self._state.mlflow_password(COORDINATOR),
             ENV_IDENTITY: str(self._paths.identity_file(COORDINATOR)),
             ENV_APPROVALS: str(self._paths.approvals_dir),
+            ENV_AUDIT_SERVICE_KEYS: str(self._paths.audit_service_keys),  # it countersigns signed anchors only
         }
 
     def operator(self) -> dict[str, str]:

@@ -22,6 +22,7 @@ from deployments.platform.paths import OPERATOR_DIRS, REPO, PlatformPaths
 from deployments.platform.principals import Principals
 from deployments.platform.state import PlatformState
 from deployments.platform.users import current_account, ensure_traversable, make_private_dir
+from insitu.governance.anchor_signing import public_hex, write_service_keys
 from insitu.governance.identity import Identity, write_private
 
 
@@ -121,3 +122,10 @@ class Layout:
                     "signing_key": self._state.audit_signing_key(actor)}
             owner = (acct.uid, acct.gid) if os.geteuid() == 0 else ()
             write_private(self._paths.audit_service_file(actor), json.dumps(spec), *owner)
+        self.publish_audit_service_keys()
+
+    def publish_audit_service_keys(self) -> None:
+        """Every audit service's public key, in a root-owned file anyone may read: whoever checks anchors (the
+        coordinator, ``insitu audit verify``) trusts those signed by these keys only."""
+        write_service_keys(self._paths.audit_service_keys, {
+            a: public_hex(self._state.audit_signing_key(a)) for a in self._actors.names})

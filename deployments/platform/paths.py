@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 # The operator's own private directories in the state directory (servers' data and the operator's Prefect).
-OPERATOR_DIRS = ("logs", "tmp", "mlflow", "mlflow/artifacts", "prefect-server", "prefect-client")
+OPERATOR_DIRS = ("logs", "tmp", "mlflow", "mlflow/artifacts", "prefect-server", "prefect-client", "s3-kept")
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,10 @@ class PlatformPaths:
 
     def log_file(self, component: str) -> Path:
         return self.logs / f"{component}.log"
+
+    def s3_kept(self, server: str) -> Path:
+        """What an S3 endpoint keeps across restarts: the exchange's audit anchors (``platform.s3_keep``)."""
+        return self.root / "s3-kept" / server
 
     # ------------------------------------------------------------------ actors' homes
     @property
@@ -91,6 +95,11 @@ class PlatformPaths:
 
     def audit_socket(self, actor: str) -> Path:
         return self.audit_dir / f"{actor}.sock"
+
+    @property
+    def audit_service_keys(self) -> Path:
+        """The audit services' public keys (root's, readable by all): what anchors are checked against."""
+        return self.root / "audit-service-keys.json"
 
     def audit_service_file(self, actor: str) -> Path:
         return self.audit_dir / actor / "service.json"

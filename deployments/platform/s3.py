@@ -9,11 +9,17 @@ moto answers a request that carries no signature at all with HTTP 500 (it fails 
 ``Authorization``). Here such a request gets what S3 answers: 403 ``AccessDenied`` with the reason. Every
 request the platform makes is signed (its setup calls too, with a placeholder key), so unsigned requests are
 refused from the first one: they never use up moto's unauthenticated setup window either.
+
+The exchange's endpoint also keeps audit anchors (``--write-once anchors/ --keep DIR``, see
+:mod:`deployments.platform.s3_keep`): an object under a write-once prefix is never written over, whatever
+the request (PutObject, CopyObject, a multipart upload, any addressing style), and each one is kept in
+``DIR`` and put back when the bucket is created again at the next ``insitu up``.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -60,7 +66,18 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m deployments.platform.s3")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--write-once", action="append", default=[], metavar="PREFIX",
+                    help="keys under PREFIX are never written over (audit anchors)")
+    ap.add_argument("--keep", type=str, default=None, metavar="DIR",
+                    help="keep the write-once objects in DIR and put them back when their bucket is created")
     args = ap.parse_args(argv)
+    if args.write_once:
+        from deployments.platform.s3_keep import install
+
+        # its refusals and restores go to the endpoint's log (logs/s3-exchange.log), beside moto's requests
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+        install(tuple(args.write_once), args.keep)
     os.environ.setdefault("MOTO_PORT", str(args.port))  # as moto_server does (moto builds URLs from it)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     app = RefuseAdminApi(DomainDispatcherApplication(create_backend_app))

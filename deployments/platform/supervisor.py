@@ -176,6 +176,12 @@ class Platform:
     def audit_key(self, actor: str) -> bytes:
         return self._state.audit_key(actor)
 
+    def audit_service_keys(self) -> dict[str, str]:
+        """Each actor's audit service's Ed25519 public key (hex): only anchors signed by it count."""
+        from insitu.governance.anchor_signing import public_hex
+
+        return {a: public_hex(self._state.audit_signing_key(a)) for a in self.actors}
+
     def s3_credentials(self, server: str, user: str) -> tuple[str, str]:
         """The (access key, secret) IAM issued to ``user`` on ``server``'s endpoint (a site or 'exchange')."""
         return self._state.s3_credentials(server, user)

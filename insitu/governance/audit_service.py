@@ -28,9 +28,11 @@ import os
 import socket
 import socketserver
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
+from insitu.governance import anchor_signing
 from insitu.governance.audit import AuditLog, log_head
 from insitu.governance.audit_proof import RULE_AUDIT_SERVICE, new_challenge, proof_refusal, prove, service_key
 
@@ -65,11 +67,13 @@ class _Handler(socketserver.StreamRequestHandler):
             if req.get("op") == "head":  # the head is no secret: anchors publish it (and the platform polls it)
                 h = self.server.audit.head()
                 out: dict[str, Any] = {"head": list(h) if h else None}
+            elif req.get("op") == "anchor":
+                out = {"anchor": _anchor(self.server)}
             elif req.get("op") == "append" and isinstance(req.get("event"), str) \
                     and isinstance(req.get("fields"), dict):
                 out = {"record": self.server.audit.append(req["event"], **req["fields"])}
             else:
-                raise AuditServiceError("expected {op: append, event, fields} or {op: head}")
+                raise AuditServiceError("expected {op: append, event, fields}, {op: head} or {op: anchor}")
         except Exception as e:  # answer every failure: the client raises it
             log.warning("audit service %s: refused a request from uid %d: %s", self.server.audit.actor, uid, e)
             out = {"error": f"{type(e).__name__}: {e}"}
@@ -83,11 +87,33 @@ def _with_proof(server: _Server, req: dict[str, Any], out: dict[str, Any]) -> di
     if server.signing_key is None or not isinstance(challenge, str) or len(challenge) > 256:
         return out
     return {**out, "proof": prove(server.signing_key, server.audit.actor, challenge, out)}
+def _anchor(server: _Server) -> dict[str, Any] | None:
+    """The service's signed anchor for its log's head (``insitu.governance.anchor_signing``), or None when the
+    log is empty; only the service holds the key, so only it can vouch for the head."""
+    if server.anchor_key is None:
+        raise AuditServiceError(f"{server.audit.actor}'s audit service has no signing key: it cannot sign anchors")
+    with server.anchor_lock:  # one chain: two anchors are never signed after the same one
+        h = server.audit.head()
+        if h is None:
+            return None
+        record = anchor_signing_record(server.audit.path)
+        last = anchor_signing.read_last(record)
+        signed = anchor_signing.next_anchor(server.anchor_key, server.audit.actor, h, last)
+        if signed != last:
+            anchor_signing.write_last(record, signed)
+        return signed
+
+
+def anchor_signing_record(log_path: Path) -> Path:
+    """Where the service keeps the last anchor it signed: beside the log, out of every actor's reach."""
+    return log_path.with_name(log_path.name + ".anchor")
 
 
 class _Server(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
     signing_key: Any = None  # the service's Ed25519 key: it signs its answers (audit_proof)
+    anchor_key: Any = None
+    anchor_lock = threading.Lock()
 
     def __init__(self, path: str, audit: AuditLog, allowed_uids: set[int]) -> None:
         self.audit = audit
@@ -97,13 +123,15 @@ class _Server(socketserver.ThreadingUnixStreamServer):
 
 def serve(config: Path) -> None:
     """Run one actor's audit service from its configuration file (``actor``, ``log``, ``key``, ``socket``,
-    ``allowed_uids``, and ``signing_key``: its Ed25519 key, hex) until terminated."""
+    ``allowed_uids``, and ``signing_key``: its Ed25519 key, hex, which signs its answers and its anchors) until
+    terminated."""
     spec = json.loads(config.read_text())
     audit = AuditLog(spec["log"], bytes.fromhex(spec["key"]), spec["actor"])
     sock = Path(spec["socket"])
     sock.unlink(missing_ok=True)
     server = _Server(str(sock), audit, {int(u) for u in spec["allowed_uids"]})
     server.signing_key = service_key(spec["signing_key"]) if spec.get("signing_key") else None
+    server.anchor_key = server.signing_key  # one key: the one pinned in the identity also vouches for anchors
     os.chmod(sock, 0o666)  # who may write is decided per connection, by SO_PEERCRED
     if log_head(audit.path) is None:
         audit.append("audit.started", pid=os.getpid())  # a deployed actor's log exists from the start
@@ -170,6 +198,11 @@ class AuditClient:
     def head(self) -> tuple[int, str] | None:
         h = self._call({"op": "head"})["head"]
         return (int(h[0]), str(h[1])) if h else None
+
+    def anchor(self) -> dict[str, Any] | None:
+        """The service's signed anchor of the log's head (see ``insitu.governance.anchor_signing``)."""
+        a = self._call({"op": "anchor"})["anchor"]
+        return dict(a) if a else None
 
 
 def _check_answer(client: AuditClient, challenge: str, out: dict[str, Any]) -> None:

@@ -167,6 +167,34 @@ def exchange_coordinator_policy(bucket: str) -> dict[str, Any]:
     )
 
 
+def exchange_bucket_policy(bucket: str) -> dict[str, Any]:
+    """Bucket policy for the exchange on AWS: an audit anchor is written once and never written over or deleted.
+
+    Every ``PutObject`` under ``anchors/`` must carry ``If-None-Match: *`` (AWS's conditional-write condition
+    key ``s3:if-none-match``), so a write to an existing anchor fails with 412, and a CopyObject there is refused;
+    nobody, whatever their IAM policy, may delete one. Pair it with S3 Object Lock in compliance mode on the
+    bucket (see docs/security.md), which keeps every version immutable for the retention period. moto ignores
+    conditions, so the local exchange enforces the same rule in its endpoint (``deployments.platform.s3_keep``).
+
+    Parameters
+    ----------
+    bucket : str
+        The exchange bucket, e.g. ``insitu-exchange``.
+
+    Returns
+    -------
+    dict
+        A bucket policy document.
+    """
+    anchors = f"{_bucket_arn(bucket)}/anchors/*"
+    return _policy(
+        {**_statement("AnchorsOnlyByConditionalWrite", ["s3:PutObject"], [anchors], effect="Deny"),
+         "Principal": "*", "Condition": {"Null": {"s3:if-none-match": "true"}}},
+        {**_statement("AnchorsAreNeverDeleted", ["s3:DeleteObject", "s3:DeleteObjectVersion"], [anchors],
+                      effect="Deny"), "Principal": "*"},
+    )
+
+
 def no_auth_action_count(n_users: int) -> int:
     """``INITIAL_NO_AUTH_ACTION_COUNT`` for a moto server that :func:`provision` sets up for ``n_users``.
 
@@ -260,9 +288,11 @@ def policy_documents(exchange_bucket: str, sites: dict[str, str]) -> dict[str, d
     dict of str to dict
         ``site-<site>-store.json`` (attach to the site's principal in its own account),
         ``site-<site>-exchange.json`` (the site's principal on the exchange) and
-        ``coordinator-exchange.json`` (the coordinator's principal).
+        ``coordinator-exchange.json`` (the coordinator's principal) and ``exchange-bucket.json`` (the exchange
+        bucket's own policy: anchors are write-once).
     """
-    docs = {"coordinator-exchange.json": exchange_coordinator_policy(exchange_bucket)}
+    docs = {"coordinator-exchange.json": exchange_coordinator_policy(exchange_bucket),
+            "exchange-bucket.json": exchange_bucket_policy(exchange_bucket)}
     for site, bucket in sites.items():
         docs[f"site-{site}-store.json"] = site_store_policy(bucket)
         docs[f"site-{site}-exchange.json"] = exchange_site_policy(exchange_bucket, site)

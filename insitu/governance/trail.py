@@ -2,8 +2,9 @@
 
 What an auditor runs (``insitu audit verify`` / ``insitu audit timeline``): each deployed actor's log must
 exist, verify on its own (hash chain, HMACs, head) and contain every anchor recorded for it outside it
-(``insitu.governance.anchors``); the coordinator's log, once verified, vouches for the site anchors it
-countersigned. The timeline is every record of every log in time order, for a regulator to read.
+(``insitu.governance.anchors``: only anchors signed by the actor's audit service count; anything else under
+``anchors/`` is reported as noise, never as a roll-back); the coordinator's log, once verified, vouches for the
+site anchors it countersigned. The timeline is every record of every log in time order, for a regulator to read.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +30,17 @@ class TrailResult:
     lines: int
     anchors: int
     reason: str
+    noise: list[anchoring.Noise] = field(default_factory=list)
+    """Objects under this actor's ``anchors/`` prefix that are no valid anchor (ignored, but named)."""
 
 
-def verify_trail(logs: dict[str, tuple[Path, bytes]], stored: list[anchoring.Anchor]) -> list[TrailResult]:
-    """Verify each actor's log (``actor → (path, key)``) against the anchors stored outside it.
+def verify_trail(logs: dict[str, tuple[Path, bytes]], found: anchoring.Found) -> list[TrailResult]:
+    """Verify each actor's log (``actor → (path, key)``) against the signed anchors ``found`` outside it
+    (:func:`insitu.governance.anchors.list_anchors`); its noise is reported with each actor, not counted.
 
     The coordinator's log is verified first; only a verified coordinator log's countersignatures count.
     """
+    stored = found.anchors
     order = sorted(logs, key=lambda a: (a != COORDINATOR, a))
     countersigned: list[anchoring.Anchor] = []
     out = []
@@ -45,15 +50,18 @@ def verify_trail(logs: dict[str, tuple[Path, bytes]], stored: list[anchoring.Anc
         mine = [a for a in stored + countersigned if a.actor == actor]
         reason = r.reason
         ok = r.ok
+        noise = found.of(actor).noise
         if ok:
             why = anchoring.check(path, mine)
             if why:
                 ok, reason = False, why
             elif mine:
                 reason += f"; contains all {len(mine)} anchors recorded outside it"
+        if noise:
+            reason += f"; {len(noise)} objects under anchors/{actor}/ are no signed anchor (noise, ignored)"
         if ok and actor == COORDINATOR:
             countersigned = anchoring.countersigned(read_events(path))
-        out.append(TrailResult(actor, path, ok, r.lines, len(mine), reason))
+        out.append(TrailResult(actor, path, ok, r.lines, len(mine), reason, noise))
     return out
 
 

@@ -153,6 +153,11 @@ def test_audit_logs_verify_and_record_every_read(deployed: Platform, job: dict[s
         assert all(e["fields"]["flow_run_id"] for e in reads)
     events = [e["event"] for e in read_events(deployed.audit_log("coordinator"))]
     assert "model.registered" in events and "model.gate" in events
+    # The coordinator countersigned each site's newest anchor, one its audit service signed (anchor_id set).
+    countersigned = [e["fields"] for e in read_events(deployed.audit_log("coordinator"))
+                     if e["event"] == "audit.anchor" and e["fields"].get("job_id") == job["job_id"]]
+    assert {f["anchored_actor"] for f in countersigned} == {"eu", "us", "apac"}
+    assert all(len(f["anchor_id"]) == 64 for f in countersigned)
 
 
 def test_exchange_holds_no_row_level_data(deployed: Platform, job: dict[str, Any]) -> None:

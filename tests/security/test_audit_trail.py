@@ -28,7 +28,7 @@ def _prepare(p: Platform, site: str, job_id: str, request: dict[str, Any]) -> No
 
 
 def _trail(p: Platform) -> dict[str, Any]:
-    stored = list_anchors(store_from_env(p.sites.exchange, "exchange"))
+    stored = list_anchors(store_from_env(p.sites.exchange, "exchange"), p.audit_service_keys())
     return {r.actor: r for r in verify_trail({a: (p.audit_log(a), p.audit_key(a)) for a in p.actors}, stored)}
 
 

@@ -159,3 +159,13 @@ def test_no_auth_action_count() -> None:
 def test_importing_does_not_import_boto3() -> None:
     code = "import sys, insitu.governance.iam; sys.exit('boto3' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_the_exchange_bucket_policy_makes_anchors_write_once_on_aws() -> None:
+    from insitu.governance.iam import exchange_bucket_policy
+
+    put, delete = exchange_bucket_policy("insitu-exchange")["Statement"]
+    assert put["Effect"] == "Deny" and put["Action"] == ["s3:PutObject"] and put["Principal"] == "*"
+    assert put["Resource"] == ["arn:aws:s3:::insitu-exchange/anchors/*"]
+    assert put["Condition"] == {"Null": {"s3:if-none-match": "true"}}  # only conditional writes: no overwrite
+    assert delete["Effect"] == "Deny" and "s3:DeleteObject" in delete["Action"] and "Condition" not in delete

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from insitu.governance import anchors
+from insitu.governance import anchor_signing, anchors
 from insitu.governance.audit import AuditLog, new_key, verify
 from insitu.governance.trail import timeline, to_csv, to_jsonl, verify_trail
 from insitu.storage import Store
@@ -16,6 +16,17 @@ def _log(d: Path, actor: str, key: bytes, n: int, job: str = "j1") -> AuditLog:
     for i in range(n):
         log.append("data.read", job_id=job, dataset="fraud", principal="alice", i=i)
     return log
+
+
+SERVICE = anchor_signing.new_service_key()
+KEYS = {"eu": anchor_signing.public_hex(SERVICE)}
+
+
+def _signed(log: AuditLog) -> dict:
+    """What eu's audit service answers to ``{op: anchor}``: its head, signed by the service's key."""
+    h = log.head()
+    assert h is not None
+    return anchor_signing.sign_anchor(anchor_signing.private_key(SERVICE), log.actor, h[0], h[1])
 
 
 def _store(tmp_path: Path) -> Store:
@@ -38,11 +49,11 @@ def test_a_log_rolled_back_with_its_head_verifies_alone_but_not_against_its_anch
     for f in ("eu.jsonl", "eu.jsonl.head"):
         shutil.copy(tmp_path / f, saved / f)
     log.append("data.read", job_id="j2", dataset="fraud", principal="alice")
-    anchors.publish_head(ex, "eu", log.head(), job_id="j2")
+    anchors.publish_head(ex, _signed(log), job_id="j2")
     for f in ("eu.jsonl", "eu.jsonl.head"):  # roll both back to the copy taken before j2
         shutil.copy(saved / f, tmp_path / f)
     assert verify(log.path, key).ok
-    (r,) = verify_trail({"eu": (log.path, key)}, anchors.list_anchors(ex))
+    (r,) = verify_trail({"eu": (log.path, key)}, anchors.list_anchors(ex, KEYS))
     assert not r.ok and "rolled back or deleted" in r.reason and "seq 3" in r.reason
 
 
@@ -50,13 +61,13 @@ def test_a_log_rewritten_and_resigned_from_an_anchored_line_is_caught(tmp_path: 
     key = new_key()
     ex = _store(tmp_path)
     log = _log(tmp_path, "eu", key, 4)
-    anchors.publish_head(ex, "eu", log.head())
+    anchors.publish_head(ex, _signed(log))
     # Someone with the key rewrites history: a fresh, self-consistent log of the same length.
     log.path.unlink()
     log.path.with_name("eu.jsonl.head").unlink()
     forged = _log(tmp_path, "eu", key, 4, job="other")
     assert verify(forged.path, key).ok
-    (r,) = verify_trail({"eu": (forged.path, key)}, anchors.list_anchors(ex))
+    (r,) = verify_trail({"eu": (forged.path, key)}, anchors.list_anchors(ex, KEYS))
     assert not r.ok and "rewritten" in r.reason
 
 
@@ -65,7 +76,7 @@ def test_a_deleted_log_and_head_are_caught(tmp_path: Path) -> None:
     log = _log(tmp_path, "us", key, 2)
     log.path.unlink()
     log.path.with_name("us.jsonl.head").unlink()
-    (r,) = verify_trail({"us": (log.path, key)}, [])
+    (r,) = verify_trail({"us": (log.path, key)}, anchors.Found())
     assert not r.ok and "log missing" in r.reason
 
 
@@ -76,10 +87,10 @@ def test_the_coordinators_countersignature_is_an_anchor_for_the_site(tmp_path: P
     coord = AuditLog(tmp_path / "coordinator.jsonl", ckey, "coordinator")
     coord.append("audit.anchor", job_id="j1", anchored_actor="eu", seq=seq, sha256=sha)
     logs = {"coordinator": (coord.path, ckey), "eu": (site.path, skey)}
-    assert all(r.ok for r in verify_trail(logs, []))
+    assert all(r.ok for r in verify_trail(logs, anchors.Found()))
     site.path.write_bytes(b"".join(site.path.read_bytes().splitlines(keepends=True)[:2]))
     site.path.with_name("eu.jsonl.head").unlink()
-    results = {r.actor: r for r in verify_trail(logs, [])}
+    results = {r.actor: r for r in verify_trail(logs, anchors.Found())}
     assert results["coordinator"].ok and not results["eu"].ok
 
 
