@@ -59,7 +59,7 @@ def _start(tmp_path: Path, name: str, signing_key: str | None) -> tuple[subproce
     proc = subprocess.Popen([sys.executable, "-m", "insitu.governance.audit_service", "--config", str(cfg)],
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
-    while not sock.exists():
+    while not (sock.exists() and log.exists() and read_events(log)):  # up once it logged "audit.started"
         assert time.monotonic() < deadline and proc.poll() is None, "audit service did not start"
         time.sleep(0.05)
     return proc, sock, log
