@@ -44,7 +44,7 @@ from tasks.alerts import RunWatch
 from tasks.anchoring import countersign
 from tasks.claims import judge_evaluations
 from tasks.context import actor_identity, ran_as
-from tasks.dispatch import cancel_runs, failed, run_states, start_site_runs, wait_for_runs
+from tasks.dispatch import failed, leave_out_late, run_states, start_site_runs, wait_for_runs
 from tasks.evaluate import read_evaluations
 from tasks.federation import FederatedRounds, publish_global_stats, publish_initial_weights
 from tasks.federation_async import run_async
@@ -211,8 +211,7 @@ def prepare(job: Job, plan: dict[str, list[str]]) -> list[str]:
     late = missed_deadline({s: bool(r.state and r.state.is_final()) for s, r in runs.items()}, deadline, "prepare",
                            "federation.prepare_deadline_s")
     job.watch.excuse(run_ids[site] for site in late)  # cancelled by the coordinator, not forced by someone else
-    cancel_runs({site: run_ids[site] for site in late})
-    failures = {**failed(runs), **late}
+    failures = leave_out_late(run_ids, runs, late)
     sites = [site for site in plan if site not in failures]
     require_quorum(job, "prepare", sites, failures)
     if failures:

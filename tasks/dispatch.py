@@ -84,17 +84,33 @@ def failed(runs: dict[str, FlowRun]) -> dict[str, str]:
     return out
 
 
-def cancel_runs(ids: dict[str, UUID]) -> None:
+def cancel_runs(ids: dict[str, UUID]) -> list[str]:
     """Stop these runs (a site left out of a phase must not keep its workers busy): a run that has not started
-    is cancelled at once (no worker would ever act on its Cancelling state), a running one is asked to stop."""
+    is cancelled at once (no worker would ever act on its Cancelling state), a running one is asked to stop.
+
+    Returns the keys of the runs it cancelled: a run that ended between the last look and now is left alone
+    (and is not late)."""
     from prefect.states import Cancelled, Cancelling
 
     why = "left out: missed the phase's deadline"
+    cancelled: list[str] = []
     with get_client(sync_client=True) as client:
-        for run_id in ids.values():
+        for key, run_id in ids.items():
             state = client.read_flow_run(run_id).state
             if state is not None and state.is_final():
                 continue
+            cancelled.append(key)
             started = state is not None and (state.is_running() or state.is_paused())
             client.set_flow_run_state(run_id, Cancelling(message=why) if started else Cancelled(message=why),
                                       force=True)
+    return cancelled
+
+
+def leave_out_late(ids: dict[str, UUID], runs: dict[str, FlowRun], late: dict[str, str]) -> dict[str, str]:
+    """The sites that failed a phase: those whose run did not complete, and the ``late`` ones (site -> why) whose
+    run this cancels. A late run that ended since ``runs`` was read is judged by how it ended."""
+    cancelled = cancel_runs({site: ids[site] for site in late})
+    ended = [site for site in late if site not in cancelled]
+    if ended:
+        runs = {**runs, **run_states({site: ids[site] for site in ended})}
+    return {**failed(runs), **{site: why for site, why in late.items() if site in cancelled}}

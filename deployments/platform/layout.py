@@ -9,6 +9,7 @@ the audit services' directory is ``insitu-audit``'s, each actor reaching only it
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -25,6 +26,9 @@ from deployments.platform.users import current_account, ensure_traversable, make
 from insitu.governance.anchor_signing import public_hex, write_service_keys
 from insitu.governance.identity import Identity, write_private
 
+log = logging.getLogger(__name__)
+LEGACY_POLICY = "policy/policy.json"  # where an older platform kept a site's policy: in the runtime's home
+
 
 class Layout:
     """Creates the platform's directories with their owners and modes, and each actor's identity and policy."""
@@ -35,6 +39,7 @@ class Layout:
         self._principals = principals
         self._state = state
         self.admin = AdminTrust(paths, actors, state)
+        self._legacy_policies: dict[str, str] = {}  # site -> the policy its home held (an older platform's)
 
     def prepare_dirs(self) -> None:
         """The state directory is root's (others may only pass through); each actor owns its own home."""
@@ -63,6 +68,10 @@ class Layout:
         if self._actors.isolate:
             os.chown(home, acct.uid, acct.gid, follow_symlinks=False)
         home.chmod(0o700)
+        legacy = home / LEGACY_POLICY
+        if legacy.is_file() and not legacy.is_symlink() and not self._paths.policy_file(actor).exists():
+            # Offered to the admin's install below (verified like any policy), then removed by the home helper.
+            self._legacy_policies[actor] = legacy.read_text()
         ident = self.identity(actor)
         self.admin.prepare(ident)
         # The runtime gets the CA certificate and its own leaf; the CA key stays with the admin.
@@ -83,8 +92,13 @@ class Layout:
     def install_default_policies(self) -> None:
         """The platform's default policy for each site that has none yet (once its audit service runs)."""
         for site in self._actors.sites.names:
-            self.admin.install_policy(site, self._principals.default_policy(site), self._principals.site_admins(site),
-                                      replace=False)
+            admins = self._principals.site_admins(site)
+            if site in self._legacy_policies:  # the policy a site admin applied before its admin owned it
+                try:
+                    self.admin.install_policy(site, self._legacy_policies.pop(site), admins, replace=False)
+                except PlatformError as e:  # refused and audited: the default below takes its place
+                    log.warning("the policy of %s from an older platform was not kept: %s", site, e)
+            self.admin.install_policy(site, self._principals.default_policy(site), admins, replace=False)
 
     def install_policy(self, site: str, signed_policy: str) -> None:
         """Install a signed policy as the site's admin: refused (and audited) unless the site would accept it

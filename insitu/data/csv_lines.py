@@ -28,7 +28,11 @@ class MalformedLine:
 
 def split_lines(text: str) -> tuple[str, list[tuple[int, str]], list[MalformedLine]]:
     """``(header, [(line number, good line)], [malformed lines])`` of a CSV text."""
-    lines = text.splitlines()
+    # Only "\n" ends a record (a trailing "\r" too: CRLF files): str.splitlines would also break on form
+    # feeds, U+2028 and other characters a field may hold, splitting good rows and shifting every line number.
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    if lines and lines[-1] == "":
+        lines.pop()
     if not lines:
         return "", [], []
     header = lines[0]
@@ -57,7 +61,8 @@ def split_lines(text: str) -> tuple[str, list[tuple[int, str]], list[MalformedLi
 
 def read_csv_lines(data: bytes) -> tuple[pd.DataFrame, list[MalformedLine]]:
     """The good lines of a CSV shard as a frame (as ``pd.read_csv`` reads them), and the malformed lines."""
-    header, good, bad = split_lines(data.decode("utf-8", "replace"))
+    # Strict: a shard that is not UTF-8 is unreadable (reported), not silently rewritten with U+FFFD.
+    header, good, bad = split_lines(data.decode("utf-8"))
     if not header or (bad and bad[0].line == 1):
         return pd.DataFrame(), bad
     body = "\n".join([header, *(line for _, line in good)]) + "\n"

@@ -178,6 +178,18 @@ def sign_policy(policy: SitePolicy, signer: str, key: Any) -> SignedPolicy:
     return SignedPolicy(policy=policy, signer=signer, signature=sign(key, policy.model_dump(mode="json")))
 
 
+def _signed_forms(policy: SitePolicy) -> list[dict[str, Any]]:
+    """What a signature over ``policy`` may cover: today's form, and (when its shard limits are the defaults)
+    the form before shard limits existed, whose ``limits`` held only the row floor, so that a policy an
+    admin signed before still verifies."""
+    body = policy.model_dump(mode="json")
+    forms = [body]
+    shard_fields = set(ShardLimits.model_fields)
+    if policy.limits.model_dump(include=shard_fields) == ShardLimits().model_dump():
+        forms.append({**body, "limits": policy.limits.model_dump(mode="json", exclude=shard_fields)})
+    return forms
+
+
 def verify_policy(signed: SignedPolicy, site: str, admins: dict[str, str]) -> SitePolicy:
     """The policy, if it is this site's and signed by one of the site's admins.
 
@@ -187,7 +199,7 @@ def verify_policy(signed: SignedPolicy, site: str, admins: dict[str, str]) -> Si
         Naming the signer and the rule ``policy.signed-by-site-admin``.
     """
     pub = admins.get(signed.signer)
-    if pub is None or not verify_signature(pub, signed.policy.model_dump(mode="json"), signed.signature):
+    if pub is None or not any(verify_signature(pub, body, signed.signature) for body in _signed_forms(signed.policy)):
         who = "is not one of its site admins" if pub is None else "did not sign it (the signature does not verify)"
         raise PolicyError(f"site {site!r} refuses a policy signed by {signed.signer!r}: the signer {who} "
                           f"{sorted(admins)}; rule {RULE_SIGNED_POLICY}")

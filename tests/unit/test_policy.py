@@ -253,3 +253,22 @@ def test_a_refusal_names_every_attribute_the_policy_decided_on(policy: SitePolic
                 "local_epochs", "ranks_per_site", "federation"):
         assert f"{key} " in d.reason, key
     assert "'mypkg.nets:make_net'" in d.reason and "roles ['data-scientist']" in d.reason
+
+
+def test_a_policy_signed_before_shard_limits_existed_still_verifies_and_cannot_be_widened(policy: SitePolicy,
+                                                                                        keys: Path) -> None:
+    """Policies signed when ``limits`` held only the row floor verify as they were signed; changing a shard
+    limit of such a policy breaks its signature."""
+    from insitu.governance.policy import SignedPolicy
+    from insitu.governance.principals import sign
+
+    admins = {"eu-admin": pub(keys, "eu-admin")}
+    old_body = {**policy.model_dump(mode="json"), "limits": {"min_rows_per_aggregate": 20}}
+    old = SignedPolicy(policy=policy, signer="eu-admin", signature=sign(load_private_key(keys / "eu-admin.key"),
+                                                                        old_body))
+    loaded = SignedPolicy.model_validate_json(old.model_dump_json())
+    assert verify_policy(loaded, "eu", admins) == policy
+    widened = loaded.model_copy(update={"policy": policy.model_copy(
+        update={"limits": policy.limits.model_copy(update={"max_columns": 5})})})
+    with pytest.raises(PolicyError, match="signature does not verify"):
+        verify_policy(widened, "eu", admins)

@@ -122,3 +122,11 @@ def test_prepare_refuses_an_oversized_shard_and_quarantines_malformed_lines(conf
     reason = json.loads((tmp_path / quarantine_prefix("fraud", "job-2") / "eu-csv.reason.json").read_text())
     assert reason["rule"] == "limits.max-line-bytes"
     assert not (tmp_path / quarantine_prefix("fraud", "job-2") / "eu-csv.unreadable").exists()  # not copied
+
+
+def test_only_a_newline_ends_a_csv_record_and_a_shard_that_is_not_utf8_is_unreadable() -> None:
+    # A form feed or U+2028 inside a field is data, not a line break: no good row is split, numbers stay right.
+    header, good, bad = split_lines("a,b\r\nx\fy,1\r\nu\u2028v,2\r\n1,2,3\r\n")
+    assert header == "a,b" and [n for n, _ in good] == [2, 3] and [b.line for b in bad] == [4]
+    with pytest.raises(UnicodeDecodeError):
+        read_csv_lines("a,b\ncaf\u00e9,1\n".encode("latin-1"))
