@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
@@ -23,6 +24,9 @@ from insitu.governance.run_alerts import Alert, pool_alert, run_alert
 log = logging.getLogger(__name__)
 
 PUBLISHED = {"prepare": PREPARE_STATS, "evaluate": EVALUATION}  # what a site's run of a phase publishes last
+# Prefect's clock and the store's may differ a little; a result written this close before the run's start counts
+# as the run's own (a run takes longer than this to reach its publish).
+CLOCK_SLACK = timedelta(seconds=2)
 
 
 class RunWatch:
@@ -64,7 +68,7 @@ class RunWatch:
                         self._judged.add(str(run.id))
                         states = sorted(client.read_flow_run_states(run.id), key=lambda s: s.timestamp)
                         alert = run_alert(site, phase, str(run.id), [(s.type.value, s.name or "") for s in states],
-                                          self._published(phase, site))
+                                          self._published(phase, site, run))
                         if alert and self._new(alert, (alert.kind, str(run.id))):
                             found.append(alert)
         except Exception as e:  # the watch is detection, not a step of the job
@@ -80,9 +84,14 @@ class RunWatch:
         self._seen.add(key)
         return True
 
-    def _published(self, phase: str, site: str) -> bool:
+    def _published(self, phase: str, site: str, run: FlowRun) -> bool:
+        """Whether ``run`` itself published the phase's result: written since the run started (a re-run of the
+        job by its id finds its earlier run's result there, and may still fail on its own)."""
         doc = PUBLISHED.get(phase)
-        return bool(doc and self.exchange is not None and self.exchange.exists(doc, writer=site))
+        if doc is None or self.exchange is None or run.start_time is None:
+            return False
+        written = self.exchange.modified(doc, writer=site)
+        return written is not None and written >= run.start_time - CLOCK_SLACK
 
     def _raise(self, alert: Alert) -> None:
         self.alerts.append(alert)

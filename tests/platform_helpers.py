@@ -188,9 +188,9 @@ def write_training(directory: Path, name: str, cfg: dict[str, Any]) -> Path:
 
 @contextmanager
 def slow_sites(platform: Platform, job_id: str, delays: dict[str, float]) -> Iterator[None]:
-    """Make sites deliberately slow for one job, as each site's own operator would: ``publish-delay.json`` in the
-    site's home (beside its identity file), read by the site itself (``insitu/federated/publish_delay.py``)."""
-    files = {site: platform.actor_home(site) / PUBLISH_DELAY_FILE for site in delays}
+    """Make sites deliberately slow for one job, as each site's own operator would: ``publish-delay.json`` beside
+    the site's identity file (its admin's directory), read by the site itself (``insitu.federated.publish_delay``)."""
+    files = {site: platform.identity_file(site).parent / PUBLISH_DELAY_FILE for site in delays}
     for site, path in files.items():
         entries = json.loads(path.read_text()) if path.exists() else {}
         path.write_text(json.dumps({**entries, job_id: delays[site]}))

@@ -200,6 +200,19 @@ class Exchange:
         self.fs.invalidate_cache(path)
         return bool(self.fs.exists(path))
 
+    def modified(self, doc: Document, /, *, writer: str | None = None) -> datetime | None:
+        """When the store last wrote ``doc`` (UTC), or None when it is not there."""
+        path = self._path(self.key(doc.kind, doc.name, writer))
+        self.fs.invalidate_cache(path)
+        try:
+            info = self.fs.info(path)
+        except FileNotFoundError:
+            return None
+        stamp = info.get("LastModified", info.get("mtime"))  # S3's header; a local store's mtime
+        if isinstance(stamp, datetime):
+            return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
+        return datetime.fromtimestamp(float(stamp), UTC) if stamp is not None else None
+
     def _get_bytes(self, kind: str, name: str, writer: str | None, limit: int) -> bytes:
         """At most ``limit`` bytes of an artefact: a larger one is refused without being read whole."""
         path = self._path(self.key(kind, name, writer))

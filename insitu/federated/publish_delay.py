@@ -1,9 +1,9 @@
 """A deliberately slow site, for tests and benchmarks of straggling sites.
 
 Only the site's own operator can slow it: a file ``publish-delay.json`` beside the site's identity file (in the
-actor's home, which the site's OS user owns), ``{"<job id>": seconds}``, makes the site wait that long after
-training each update of that job, before it publishes. A job's configuration cannot (it comes from whoever
-created the run), so no caller can slow a site down.
+site admin's directory, which the site's runtime user can read but not write), ``{"<job id>": seconds}``, makes
+the site wait that long after training each update of that job, before it publishes. A job's configuration
+cannot (it comes from whoever created the run), so no caller can slow a site down.
 """
 
 from __future__ import annotations

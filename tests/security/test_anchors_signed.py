@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import typer
-from platform_helpers import EXCHANGE, run_flow
+from platform_helpers import EXCHANGE, run_dispatched
 
 from deployments.cli import audit_verify
 from deployments.platform import REPO, Platform
@@ -82,17 +82,16 @@ def _trail(p: Platform) -> dict[str, Any]:
     return {r.actor: r for r in verify_trail({a: (p.audit_log(a), p.audit_key(a)) for a in p.actors}, found)}
 
 
-def _prepare(site: str, signer: Any) -> None:
+def _prepare(p: Platform, site: str, signer: Any) -> None:
     job_id = f"e2e-anchor-{uuid.uuid4().hex[:6]}"
-    fr = run_flow(f"site-prepare/{site}", {"job_id": job_id, "request": signer(job_id=job_id),
-                                            "shards": [f"{site}-000"]}, 300)
+    fr = run_dispatched(p, f"site-prepare/{site}", {"job_id": job_id, "request": signer(job_id=job_id)}, 300)
     assert fr.state.is_completed(), fr.state.message
 
 
 @as_root
 def test_a_site_cannot_spoil_its_anchors(deployed: Platform, signer: Any, capsys: pytest.CaptureFixture[str]
                                          ) -> None:
-    _prepare("eu", signer)  # eu's flow anchors its head, as eu's audit service signed it
+    _prepare(deployed, "eu", signer)  # eu's flow anchors its head, as eu's audit service signed it
     ex = _exchange(deployed)
     real = list_anchors(ex, deployed.audit_service_keys(), "eu").anchors[-1]
     real_key = anchor_key("eu", real.seq, real.sha256)
@@ -128,7 +127,7 @@ def test_a_site_cannot_spoil_its_anchors(deployed: Platform, signer: Any, capsys
     log = deployed.audit_log("eu")
     files = [log, log.with_name(log.name + ".head")]
     saved = {f: f.read_bytes() for f in files}
-    _prepare("eu", signer)  # a new signed anchor past the saved copy
+    _prepare(deployed, "eu", signer)  # a new signed anchor past the saved copy
     after = {f: f.read_bytes() for f in files}
     for f, data in saved.items():
         f.write_bytes(data)  # the site's host rolls its log and head back together

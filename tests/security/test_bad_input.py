@@ -26,7 +26,7 @@ from platform_helpers import (
     e2e_name,
     flow_runs_named,
     job_events,
-    run_flow,
+    run_dispatched,
     shipped_training,
     site_store,
     start_retrain,
@@ -47,9 +47,9 @@ SITE, BUCKET = "eu", "insitu-eu"
 DEFAULT_LIMITS = ShardLimits().model_dump()
 
 
-def _prepare(signer: Any, job_id: str) -> Any:
-    return run_flow(f"site-prepare/{SITE}", {"job_id": job_id, "shards": ["eu-000", "eu-001"],
-                                             "request": signer(job_id=job_id)}, timeout=300)
+def _prepare(p: Platform, signer: Any, job_id: str) -> Any:
+    return run_dispatched(p, f"site-prepare/{SITE}", {"job_id": job_id, "shards": ["eu-000", "eu-001"],
+                                                      "request": signer(job_id=job_id)}, timeout=300)
 
 
 def _refused(p: Platform, job_id: str) -> list[dict[str, Any]]:
@@ -68,7 +68,7 @@ def test_oversized_and_too_wide_shards_are_refused_before_parsing_and_audited(de
         store.fs.pipe_file(target, pd.concat([frame] * 3).to_parquet(index=False))
         governance.apply(deployed, SITE, f"{SITE}-admin", None, None, None, {"max_shard_bytes": limit})
         job_id = f"e2e-big-shard-{uuid.uuid4().hex[:6]}"
-        fr = _prepare(signer, job_id)
+        fr = _prepare(deployed, signer, job_id)
         assert fr.state.is_completed(), fr.state.message
         (refusal,) = _refused(deployed, job_id)
         assert refusal["shard"] == "eu-001" and refusal["rule"] == "limits.max-shard-bytes"
@@ -85,7 +85,7 @@ def test_oversized_and_too_wide_shards_are_refused_before_parsing_and_audited(de
         governance.apply(deployed, SITE, f"{SITE}-admin", None, None, None,
                          {"max_shard_bytes": DEFAULT_LIMITS["max_shard_bytes"], "max_columns": 12})
         job_id = f"e2e-wide-shard-{uuid.uuid4().hex[:6]}"
-        fr = _prepare(signer, job_id)
+        fr = _prepare(deployed, signer, job_id)
         assert fr.state.is_completed(), fr.state.message
         (refusal,) = _refused(deployed, job_id)
         assert refusal["rule"] == "limits.max-columns" and "30 is over limits.max_columns = 12" in refusal["reason"]

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pandas as pd
@@ -23,6 +24,7 @@ from protocol_examples import (
 )
 
 from insitu.federated.exchange import KINDS, Exchange, ExchangeError, state_to_bytes
+from insitu.federated.paths import EVALUATION
 
 
 def test_fresh_file_store_creates_folders(tmp_path: Path) -> None:
@@ -31,6 +33,16 @@ def test_fresh_file_store_creates_folders(tmp_path: Path) -> None:
     ex.put_json("metrics", "evaluate.json", evaluation("eu"))
     assert (tmp_path / "fresh/jobs/job-1/metrics/eu/evaluate.json").is_file()
     assert ex.get_json("metrics", "evaluate.json") == evaluation("eu")
+
+
+def test_modified_says_when_a_document_was_written_and_none_before(tmp_path: Path) -> None:
+    ex = Exchange(store(tmp_path), "job-1", "eu")
+    assert ex.modified(EVALUATION) is None
+    before = datetime.now(UTC) - timedelta(seconds=1)
+    ex.put_json(EVALUATION, evaluation("eu"))
+    written = ex.modified(EVALUATION)
+    assert written is not None and before <= written <= datetime.now(UTC) + timedelta(seconds=1)
+    assert Exchange(store(tmp_path), "job-1", "coordinator").modified(EVALUATION, writer="eu") == written
 
 
 def test_state_round_trip_and_manifest(tmp_path: Path) -> None:
