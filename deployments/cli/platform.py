@@ -50,15 +50,47 @@ def up(
         raise typer.Exit(1) from None
     console.print(f"platform up in [bold]{res['seconds']:.1f}s[/bold] "
                   f"({'started ' + ', '.join(res['started']) if res['started'] else 'everything was already running'})")
+    print_store_checks(p)
     print_urls(p)
 
 
-def down(state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) -> None:
-    """Stop every process `insitu up` started (by PID)."""
+def print_store_checks(p: Platform) -> None:
+    """One line per store: is what the audit logs refer to still there (``platform.consistency``)."""
+    from rich.markup import escape
+
+    for c in p.check_stores():
+        colour = "green" if c.ok else "red"
+        console.print(f"[{colour}]{escape(c.line())}[/{colour}]", soft_wrap=True)
+
+
+def down(
+    state_dir: StateDir = DEFAULT_STATE,
+    conf: ConfDir = DEFAULT_CONF,
+    wipe: Annotated[bool, typer.Option(help="then delete the platform's data: every store's objects, Prefect's and "
+                                           "MLflow's databases, the audit logs and the keys (asks first)")] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="with --wipe: do not ask")] = False,
+) -> None:
+    """Stop every process `insitu up` started (by PID). The data stays for the next `insitu up` unless --wipe."""
     quiet_logs()
     p = open_platform(state_dir, conf)
+    if wipe and not p.state_file.is_file():  # checked before `down` writes its (empty) record
+        err_console.print(f"[red]{p.dir} holds no platform (no {p.state_file.name}): nothing wiped[/red]")
+        raise typer.Exit(1)
     stopped = p.down()
     console.print(f"stopped {len(stopped)} component(s)" + (f": {', '.join(stopped)}" if stopped else ""))
+    if not wipe:
+        console.print(f"the data stays in {p.dir} for the next `insitu up` (delete it: `insitu down --wipe`)")
+        return
+    if not yes and not typer.confirm(f"delete {p.dir} with every store's objects, the Prefect and MLflow databases, "
+                                     "the audit logs and the keys? This cannot be undone", default=False):
+        console.print("nothing deleted")
+        raise typer.Exit(1)
+    try:
+        p.wipe()
+    except PlatformError as e:
+        err_console.print(f"[red]{e}[/red]")
+        raise typer.Exit(1) from None
+    console.print(f"deleted {p.dir}; the next `insitu up` starts an empty platform")
 
 
 def status(state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) -> None:

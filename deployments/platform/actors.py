@@ -31,6 +31,11 @@ class Actors:
         identity, which runs none of the actor's processes (the caller when not isolated)."""
         return ensure_account(f"insitu-{actor}-admin") if self.isolate else current_account()
 
+    def store_account(self, server: str) -> Account:
+        """The OS user a local S3 endpoint (a site's store, the exchange) runs as and keeps its data as: no actor
+        reads another's objects from the disk, and none bypasses the endpoint's IAM policies."""
+        return ensure_account(f"insitu-{server}-store") if self.isolate else current_account()
+
     def audit_account(self) -> Account:
         """The OS user the audit services run as: no actor's processes can read the keys or touch the logs."""
         return ensure_account("insitu-audit") if self.isolate else current_account()

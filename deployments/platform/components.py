@@ -67,9 +67,13 @@ class Components:
                 for a in self._actors.names]
 
     def servers(self) -> list[Component]:
-        """The control plane and the clouds' endpoints: run as the caller, never handed to a site."""
-        return [self._prefect_server(), self._mlflow_server(),
-                *(self._s3_server(server) for server in ["exchange", *self._sites.names])]
+        """The control plane (run as the caller) and the clouds' endpoints (each its store's own user); never
+        handed to a site."""
+        return [self._prefect_server(), self._mlflow_server(), *(self._s3_server(s) for s in self.s3_servers)]
+
+    @property
+    def s3_servers(self) -> list[str]:
+        return ["exchange", *self._sites.names]
 
     def _prefect_server(self) -> Component:
         api = self._urls.prefect_api_url
@@ -106,13 +110,15 @@ class Components:
         # moto authenticates every request after its first N, the platform's setup calls (STACK-NOTES).
         port = self._urls.port(f"s3-{server}")
         users = len(s3_policies(self._sites, server))
-        # The exchange keeps the audit anchors: never written over, and kept across `down`/`up` (s3_keep).
-        keep = ["--write-once", f"{ANCHORS}/", "--keep", str(self._paths.s3_kept(server))] \
-            if server == "exchange" else []
+        # Every object is kept on disk, in the store's own directory (s3_disk); the exchange keeps the audit
+        # anchors write-once (s3_keep).
+        write_once = ["--write-once", f"{ANCHORS}/"] if server == "exchange" else []
+        data, account = self._paths.store_dir(server), self._actors.store_account(server)
         return Component(f"s3-{server}", [sys.executable, "-m", "deployments.platform.s3", "--port", str(port),
-                                          *keep],
-                         {**self._envs.base(), "INITIAL_NO_AUTH_ACTION_COUNT": str(no_auth_action_count(users))},
-                         lambda p=port: tcp_ok(p), extra={"s3": server})
+                                          "--data", str(data), *write_once],
+                         {**self._envs.base(), "INITIAL_NO_AUTH_ACTION_COUNT": str(no_auth_action_count(users)),
+                          "HOME": str(data), "TMPDIR": str(data / "tmp"), "USER": account.name},
+                         lambda p=port: tcp_ok(p), extra={"s3": server}, account=account)
 
     def dask(self) -> list[Component]:
         comps = []

@@ -13,7 +13,6 @@ import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 from deployments.platform.actors import COORDINATOR, Actors
@@ -22,7 +21,12 @@ from deployments.platform.errors import PlatformError
 from deployments.platform.paths import OPERATOR_DIRS, REPO, PlatformPaths
 from deployments.platform.principals import Principals
 from deployments.platform.state import PlatformState
-from deployments.platform.users import current_account, ensure_traversable, make_private_dir
+from deployments.platform.users import (
+    current_account,
+    ensure_code_runnable_by_others,
+    ensure_traversable,
+    make_private_dir,
+)
 from insitu.governance.anchor_signing import public_hex, write_service_keys
 from insitu.governance.identity import Identity, write_private
 
@@ -51,12 +55,13 @@ class Layout:
         make_private_dir(self._paths.approvals_dir, me, 0o755)  # signed approvals: public, read by the coordinator
         if self._actors.isolate:
             ensure_traversable(self._paths.root)
-            # The site users run this same interpreter (its real home may be under root's own home).
-            ensure_traversable(Path(sys.executable).parent)
-            ensure_traversable(Path(sys.base_prefix).resolve())
-            ensure_traversable(REPO)
+            ensure_code_runnable_by_others(REPO)
         for actor in self._actors.names:
             self.prepare_home(actor)
+        make_private_dir(self._paths.stores_dir, me, 0o711)
+        for server in ["exchange", *self._actors.sites.names]:  # each store's objects and keys: its own user's only
+            store = make_private_dir(self._paths.store_dir(server), self._actors.store_account(server), 0o700)
+            make_private_dir(store / "tmp", self._actors.store_account(server), 0o700)
 
     def prepare_home(self, actor: str) -> None:
         """Create the actor's home (root, in root's ``actors/``), then fill it as the actor (``home``)."""

@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 # The operator's own private directories in the state directory (servers' data and the operator's Prefect).
-OPERATOR_DIRS = ("logs", "tmp", "mlflow", "mlflow/artifacts", "prefect-server", "prefect-client", "s3-kept")
+OPERATOR_DIRS = ("logs", "tmp", "mlflow", "mlflow/artifacts", "prefect-server", "prefect-client")
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,13 @@ class PlatformPaths:
     def log_file(self, component: str) -> Path:
         return self.logs / f"{component}.log"
 
-    def s3_kept(self, server: str) -> Path:
-        """What an S3 endpoint keeps across restarts: the exchange's audit anchors (``platform.s3_keep``)."""
-        return self.root / "s3-kept" / server
+    @property
+    def stores_dir(self) -> Path:
+        return self.root / "stores"
+
+    def store_dir(self, server: str) -> Path:
+        """An S3 endpoint's objects and IAM set-up, kept across restarts (``platform.s3_disk``): the store's own."""
+        return self.stores_dir / server
 
     # ------------------------------------------------------------------ actors' homes
     @property

@@ -6,6 +6,7 @@ from typing import Any
 
 from deployments.platform.actors import COORDINATOR, Actors
 from deployments.platform.endpoints import Endpoints
+from deployments.platform.errors import PlatformError
 from deployments.platform.health import prefect_headers
 from deployments.platform.paths import PlatformPaths
 from deployments.platform.state import PlatformState
@@ -36,6 +37,27 @@ class Provisioning:
         self._actors = actors
         self._state = state
         self._urls = endpoints
+
+    def s3_restored(self, server: str) -> bool:
+        """Whether ``server`` came back with the set-up it was provisioned with (``platform.s3_disk``): its users
+        and the keys this state file holds. A store that kept a set-up the state file does not match (the state
+        file replaced, the store's directory copied from elsewhere) is refused: its objects would be out of reach."""
+        import json
+
+        setup_file = self._paths.store_dir(server) / "setup.json"
+        if not setup_file.is_file():
+            return False
+        setup = json.loads(setup_file.read_text())
+        held = self._state.data["secrets"]["s3"].get(server, {})
+        kept = {u: rec["keys"][-1] for u, rec in setup.get("users", {}).items() if rec.get("keys")}
+        wanted = set(s3_policies(self._sites, server))
+        if set(kept) == wanted and all([held.get(u, {}).get("access_key"), held.get(u, {}).get("secret_key")] == k
+                                       for u, k in kept.items()):
+            return True
+        raise PlatformError(
+            f"{setup_file.parent}: the store {server!r} kept a set-up for users {sorted(kept)} whose keys this "
+            f"platform's state file does not hold (users {sorted(wanted)} expected). Fix: start it from the state "
+            "directory it belongs to, or wipe the platform's data (`insitu down --wipe`)")
 
     def s3(self, server: str) -> None:
         """On a just-started endpoint, in its unauthenticated setup window: the bucket, its IAM users and keys."""

@@ -10,10 +10,12 @@ moto answers a request that carries no signature at all with HTTP 500 (it fails 
 request the platform makes is signed (its setup calls too, with a placeholder key), so unsigned requests are
 refused from the first one: they never use up moto's unauthenticated setup window either.
 
-The exchange's endpoint also keeps audit anchors (``--write-once anchors/ --keep DIR``, see
-:mod:`deployments.platform.s3_keep`): an object under a write-once prefix is never written over, whatever
-the request (PutObject, CopyObject, a multipart upload, any addressing style), and each one is kept in
-``DIR`` and put back when the bucket is created again at the next ``insitu up``.
+With ``--data DIR`` the endpoint keeps every object and its IAM set-up in ``DIR``, written through before it
+answers, and puts them back when it starts again (:mod:`deployments.platform.s3_disk`): after ``insitu down`` /
+``up`` or a crash, the same objects under the same keys and policies. The exchange's endpoint also keeps audit
+anchors write-once (``--write-once anchors/``, :mod:`deployments.platform.s3_keep`): an object under a
+write-once prefix is never written over, whatever the request (PutObject, CopyObject, a multipart upload, any
+addressing style).
 """
 
 from __future__ import annotations
@@ -24,9 +26,13 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
+from deployments.platform.s3_disk import DiskStore, install, restore
+
 ADMIN_PREFIX = "/moto-api"
+log = logging.getLogger("deployments.platform.s3")
 
 
 UNSIGNED = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code><Message>Anonymous '
@@ -60,24 +66,32 @@ class RefuseAdminApi:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
-    from werkzeug.serving import run_simple
-
     ap = argparse.ArgumentParser(prog="python -m deployments.platform.s3")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--write-once", action="append", default=[], metavar="PREFIX",
                     help="keys under PREFIX are never written over (audit anchors)")
-    ap.add_argument("--keep", type=str, default=None, metavar="DIR",
-                    help="keep the write-once objects in DIR and put them back when their bucket is created")
+    ap.add_argument("--data", type=Path, default=None, metavar="DIR",
+                    help="keep every object and the IAM set-up in DIR, and put them back at start")
     args = ap.parse_args(argv)
+    # refusals and restores go to the endpoint's log (logs/s3-<server>.log), beside moto's requests
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    store = DiskStore(args.data) if args.data else None
+    if store is not None and store.open():
+        # Provisioned before: authenticate from the first request, no set-up window.
+        from moto import settings
+
+        settings.INITIAL_NO_AUTH_ACTION_COUNT = 0
+        log.info("restored from %s: %s", args.data, restore(store))
+    if store is not None:
+        install(store)
     if args.write_once:
-        from deployments.platform.s3_keep import install
+        from deployments.platform.s3_keep import install as install_write_once
 
-        # its refusals and restores go to the endpoint's log (logs/s3-exchange.log), beside moto's requests
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        install_write_once(tuple(args.write_once))
+    from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import run_simple
 
-        install(tuple(args.write_once), args.keep)
     os.environ.setdefault("MOTO_PORT", str(args.port))  # as moto_server does (moto builds URLs from it)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     app = RefuseAdminApi(DomainDispatcherApplication(create_backend_app))

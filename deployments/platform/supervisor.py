@@ -108,7 +108,9 @@ class Platform:
 
     def _provision_started(self, servers: list[Component], started: list[str]) -> None:
         """Provision the servers that just started: S3 endpoints issue new keys, MLflow gets its users."""
-        fresh = [c.extra["s3"] for c in servers if "s3" in c.extra and c.name in started]
+        started_s3 = [c.extra["s3"] for c in servers if "s3" in c.extra and c.name in started]
+        # A store that kept its set-up on disk comes back with the same keys: nothing holding them restarts.
+        fresh = [server for server in started_s3 if not self._provisioning.s3_restored(server)]
         for server in fresh:
             self._provisioning.s3(server)
         if fresh:  # new endpoints issued new keys: processes holding the old ones restart with the new
@@ -116,6 +118,19 @@ class Platform:
         if "mlflow-server" in started:
             self._provisioning.mlflow_users()
         self._state.save()
+
+    def check_stores(self) -> list[Any]:
+        """One line per store: is what the audit logs refer to still there (``platform.consistency``)."""
+        from deployments.platform.consistency import check_platform
+        from insitu.storage import store_from_env
+
+        env = self.operator_env()
+
+        def open_store(server: str) -> Any:
+            ref = self.sites.exchange if server == "exchange" else self.sites.site(server)
+            return store_from_env(ref, server, env)
+
+        return check_platform(self.sites.names, self.audit_log, open_store, COORDINATOR)
 
     def status(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
@@ -132,6 +147,18 @@ class Platform:
         self.state["started"] = {}
         self._state.save()
         return stopped
+
+    def wipe(self) -> None:
+        """Delete the platform's state directory: every store's objects, Prefect's and MLflow's databases and
+        artifacts, the audit logs, the keys. Only a stopped platform, and only a directory that holds one."""
+        import shutil
+
+        running = [n for n in self.state.get("pids", {}) if self._processes.is_ours(n)]
+        if running:
+            raise PlatformError(f"the platform in {self.dir} is running ({', '.join(running)}): `insitu down` first")
+        if not self.state_file.is_file():
+            raise PlatformError(f"{self.dir} holds no platform (no {self.state_file.name}): nothing wiped")
+        shutil.rmtree(self.dir)
 
     def apply_env(self, env: dict[str, str] | None = None) -> None:
         """Put the operator's environment into this process (CLI and tests)."""

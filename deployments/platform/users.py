@@ -94,3 +94,14 @@ def ensure_traversable(path: Path) -> list[Path]:
     if changed:
         log.info("made traversable (o+x, not listable) for the platform's site users: %s", changed)
     return changed
+
+
+def ensure_code_runnable_by_others(repo: Path) -> list[Path]:
+    """Let other local users run this interpreter and this checkout (root only): the site users run the same
+    Python, whose real home may be under root's own private home (pyenv), and the same code."""
+    import sys
+
+    changed: list[Path] = []
+    for path in (Path(sys.executable).parent, Path(sys.base_prefix).resolve(), repo):
+        changed += ensure_traversable(path)
+    return changed

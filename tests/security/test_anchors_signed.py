@@ -150,6 +150,7 @@ def test_the_local_exchange_keeps_its_anchors_across_down_and_up(platform: Platf
     p = Platform(state, REPO / "conf", free_ports=True)
     comp = p._components._s3_server("exchange")  # the very component `up` starts for the exchange
     try:
+        p._layout.prepare_dirs()  # the store's own directory, as `up` makes it
         p._processes.ensure([comp])
         p._provisioning.s3("exchange")
         key = anchor_key("eu", 7, "d" * 64)
@@ -157,7 +158,7 @@ def test_the_local_exchange_keeps_its_anchors_across_down_and_up(platform: Platf
         assert seen["write"] == "written"
         p.down()
         p._processes.ensure([p._components._s3_server("exchange")])
-        p._provisioning.s3("exchange")  # a fresh endpoint: new keys, the bucket created again
+        assert p._provisioning.s3_restored("exchange")  # the same bucket, users and keys, from its disk
         ex = store_from_env(p.sites.exchange, "exchange", p.coordinator_env())
         ex.fs.invalidate_cache()
         assert ex.fs.cat_file(ex.path(key)) == b'{"kept": true}'

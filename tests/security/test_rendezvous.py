@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from deployments.platform import REPO
-from deployments.platform.users import Account, ensure_account, ensure_traversable
+from deployments.platform.users import Account, ensure_account, ensure_code_runnable_by_others
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the site and the attacker are OS users")
 
@@ -117,7 +117,7 @@ def _home(root: Path, account: Account, name: str, mode: int = 0o700) -> Path:
 
 def test_another_local_user_cannot_reach_a_training_sites_store() -> None:
     site, eve = ensure_account("insitu-t-rdzv-site"), ensure_account("insitu-t-rdzv-eve")
-    ensure_traversable(REPO)
+    ensure_code_runnable_by_others(REPO)
     root = Path(tempfile.mkdtemp(prefix="insitu-rdzv-test-"))
     root.chmod(0o755)
     try:
@@ -160,7 +160,7 @@ def test_another_local_user_cannot_reach_a_training_sites_store() -> None:
 def test_the_control_attack_works_on_a_plain_tcp_store() -> None:
     """Proves the attack above can fail the test: on the old rendezvous (a TCPStore) the same code writes."""
     eve = ensure_account("insitu-t-rdzv-eve")
-    ensure_traversable(REPO)
+    ensure_code_runnable_by_others(REPO)
     import torch.distributed as dist
 
     root = Path(tempfile.mkdtemp(prefix="insitu-rdzv-test-"))

@@ -49,3 +49,20 @@ def test_the_printed_summary_says_which_global_model_was_registered_and_why() ->
     with summary.console.capture() as out:
         summary.print_summary(s)
     assert "it is global model 3 of 5 (stopped early): the best round by validation pr_auc" in out.get()
+
+
+def test_down_wipe_asks_then_deletes_only_a_stopped_platforms_state_dir(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    r = _insitu("down", "--wipe", "--yes", "--state-dir", str(state), cwd=tmp_path)  # never started: nothing
+    assert r.returncode == 1 and "holds no platform" in r.stdout + r.stderr and not (state / "objects").exists()
+    (state / "stores" / "eu" / "objects").mkdir(parents=True)
+    (state / "stores" / "eu" / "objects" / "x").write_bytes(b"a shard")
+    (state / "state.json").write_text("{}")  # a platform that ran once and is stopped
+    r = subprocess.run([sys.executable, "-m", "deployments.cli", "down", "--wipe", "--state-dir", str(state)],
+                       input="n\n", capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={"PATH": "/usr/bin:/bin", "COLUMNS": "200", "PYTHONPATH": str(REPO)})
+    assert r.returncode == 1 and "nothing deleted" in r.stdout and (state / "stores/eu/objects/x").exists(), r.stdout
+    r = _insitu("down", "--wipe", "--yes", "--state-dir", str(state), cwd=tmp_path)
+    assert r.returncode == 0 and "deleted" in r.stdout and not state.exists(), r.stdout + r.stderr
+    r = _insitu("down", "--state-dir", str(tmp_path / "other"), cwd=tmp_path)
+    assert r.returncode == 0 and "the data stays" in r.stdout, r.stdout + r.stderr

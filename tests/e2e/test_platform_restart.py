@@ -1,0 +1,130 @@
+"""The local platform keeps its data: across ``insitu down`` / ``up``, and across a store killed mid-job.
+
+On the shared platform (everything it holds must come back, so the tests after this one run on a restarted
+platform): a shard is put with ``insitu data put``; a job is cancelled after its first round; the platform is
+stopped and started again. ``up`` reports every store consistent, the shard and the job's exchange objects are
+byte for byte what they were, the cancelled job resumes by its id and registers, and a new job on the same data
+runs while the exchange's endpoint is killed with SIGKILL and restarted: nothing the exchange acknowledged before
+the kill is missing, and the job completes (at once, or re-run by its id). ``insitu audit verify`` checks every
+log against the anchors kept on the exchange, and finds them all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mlflow.tracking import MlflowClient
+from platform_helpers import (
+    EXCHANGE,
+    cancel_job,
+    coordinator_exchange,
+    e2e_name,
+    shipped_training,
+    site_store,
+    start_retrain,
+    wait_for_file,
+    wait_for_flow_run,
+    write_training,
+)
+
+from deployments.cli import site_store as data
+from deployments.platform import Platform
+from insitu.governance.anchors import list_anchors
+from insitu.governance.trail import verify_trail
+from insitu.storage import Store
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
+MODEL = "insitu-fraud-restart"  # its own registry entry: no other test's gate sees this job's model
+
+
+def _objects(store: Store, prefix: str) -> dict[str, str]:
+    """Every object under ``prefix``: path → SHA-256 of its bytes."""
+    store.fs.invalidate_cache()
+    return {p: hashlib.sha256(store.fs.cat_file(p)).hexdigest() for p in store.fs.find(prefix)}
+
+
+def _run(params: dict[str, Any], timeout: float = 900) -> Any:
+    return wait_for_flow_run(start_retrain(params), timeout, poll_s=2)
+
+
+def test_down_up_and_a_killed_store_lose_nothing(deployed: Platform, shared_conf: Path, signer: Any,
+                                                tmp_path: Path) -> None:
+    cfg = shipped_training(deployed.conf_dir, "fraud")
+    # One process per site; rounds long enough to cancel the first job inside round 1.
+    cfg.update(rounds=2, local_epochs=20, batch_size=32, strategy="single", ranks_per_site=1,
+               registry={"model_name": MODEL})
+    training = write_training(shared_conf, e2e_name("fraud_restart"), cfg).stem
+
+    def params(job_id: str) -> dict[str, Any]:
+        return {"training": training, "dataset": "fraud", "job_id": job_id, "request": signer(training, job_id)}
+
+    # ---- a shard put as a user does (its own bytes back, through `insitu data put`) and a job cancelled
+    eu = site_store(deployed, "eu")
+    shard = tmp_path / "part-000.parquet"
+    shard.write_bytes(eu.fs.cat_file("insitu-eu/raw/fraud/part-000.parquet"))
+    data.put(deployed, "eu", shard, "raw/fraud/part-000.parquet")
+    first = f"e2e-restart-{uuid.uuid4().hex[:6]}"
+    ex = coordinator_exchange(deployed)
+    run = start_retrain(params(first))
+    wait_for_file(ex, f"{EXCHANGE}/jobs/{first}/weights/coordinator/round-0001.manifest.json", 600,
+                  "round 0 was never aggregated")
+    assert cancel_job(run, first).state.is_cancelled()
+    job_before = _objects(ex, f"{EXCHANGE}/jobs/{first}/")
+    eu_before = _objects(eu, "insitu-eu/")
+    anchors_before = _objects(ex, f"{EXCHANGE}/anchors/")
+    assert job_before and anchors_before
+
+    # ---- down and up: the same objects, every store consistent, nothing re-provisioned
+    deployed.down()
+    started = deployed.up()["started"]
+    deployed.apply_env()
+    assert "s3-exchange" in started and "worker-insitu-eu" in started, started
+    checks = deployed.check_stores()
+    assert [c.store for c in checks] == [*(f"store {s}" for s in deployed.sites.names), "exchange"]
+    assert all(c.ok for c in checks), [c.line() for c in checks]
+    assert any("shards its audit log says it read are there" in c.detail for c in checks), [c.line() for c in checks]
+    assert f"newest job {first}" in checks[-1].detail, checks[-1].line()
+    ex, eu = coordinator_exchange(deployed), site_store(deployed, "eu")
+    assert _objects(ex, f"{EXCHANGE}/jobs/{first}/") == job_before
+    assert _objects(eu, "insitu-eu/") == eu_before
+    assert _objects(ex, f"{EXCHANGE}/anchors/").items() >= anchors_before.items()
+
+    # ---- the cancelled job resumes by its id: round 0 reused, one version registered
+    resumed = _run(params(first))
+    assert resumed.state.is_completed(), resumed.state.message
+    for path in [p for p in job_before if "/weights/coordinator/round-0001" in p]:
+        assert hashlib.sha256(ex.fs.cat_file(path)).hexdigest() == job_before[path], f"{path} was rewritten"
+    client = MlflowClient(deployed.mlflow_url)
+    assert [v.tags.get("job_id") for v in client.search_model_versions(f"name = '{MODEL}'")] == [first]
+
+    # ---- a new job on the same data; the exchange's endpoint is killed mid-job and started again
+    second = f"e2e-restart-{uuid.uuid4().hex[:6]}"
+    run = start_retrain(params(second))
+    wait_for_file(ex, f"{EXCHANGE}/jobs/{second}/weights/coordinator/round-0001.manifest.json", 600,
+                  "round 0 of the new job was never aggregated")
+    acknowledged = _objects(ex, f"{EXCHANGE}/")
+    os.kill(deployed.state["pids"]["s3-exchange"], signal.SIGKILL)
+    assert deployed.up()["started"] == ["s3-exchange"]  # same keys: no worker, no Dask restarted
+    after = _objects(coordinator_exchange(deployed), f"{EXCHANGE}/")
+    assert not sorted(set(acknowledged) - set(after))  # the job goes on writing; nothing it wrote is gone
+    # and what nothing writes again (earlier jobs' objects, anchors) is byte for byte what was acknowledged
+    fixed = [p for p in acknowledged if f"/jobs/{second}/" not in p]
+    assert fixed and not [p for p in fixed if after[p] != acknowledged[p]]
+    done = wait_for_flow_run(run, 900, poll_s=2)
+    if not done.state.is_completed():  # the outage may fail a step past its retries: a re-run by id resumes it
+        done = _run(params(second))
+    assert done.state.is_completed(), done.state.message
+    assert sorted(v.tags.get("job_id") for v in client.search_model_versions(f"name = '{MODEL}'")) == sorted(
+        [first, second])
+
+    # ---- every log verifies against the anchors the exchange kept, across both restarts
+    found = list_anchors(coordinator_exchange(deployed), deployed.audit_service_keys())
+    results = verify_trail({a: (deployed.audit_log(a), deployed.audit_key(a)) for a in deployed.actors}, found)
+    assert all(r.ok for r in results), [(r.actor, r.reason) for r in results]
+    assert all(r.anchors > 0 for r in results), [(r.actor, r.anchors) for r in results]
