@@ -33,6 +33,7 @@ from platform_helpers import (
     write_training,
 )
 
+from deployments.cli import audit_verify
 from deployments.cli import site_store as data
 from deployments.platform import Platform
 from insitu.governance.anchors import list_anchors
@@ -128,3 +129,4 @@ def test_down_up_and_a_killed_store_lose_nothing(deployed: Platform, shared_conf
     results = verify_trail({a: (deployed.audit_log(a), deployed.audit_key(a)) for a in deployed.actors}, found)
     assert all(r.ok for r in results), [(r.actor, r.reason) for r in results]
     assert all(r.anchors > 0 for r in results), [(r.actor, r.anchors) for r in results]
+    audit_verify(state_dir=deployed.dir, conf=deployed.conf_dir, actor=[], skip_anchors=False)  # the command: exit 0
