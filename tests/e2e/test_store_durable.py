@@ -9,19 +9,12 @@ down``/``up`` and a store killed mid-job) is ``test_platform_restart.py``.
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import boto3
 import pytest
-import s3fs
 from botocore.exceptions import ClientError
+from s3_endpoint import S3Endpoint
 
 from insitu.governance.iam import (
     exchange_coordinator_policy,
@@ -35,54 +28,9 @@ pytestmark = pytest.mark.e2e
 EX = "insitu-exchange"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Endpoint:
-    """The platform's S3 endpoint with ``--data``, in a subprocess on a free port (stopped by PID)."""
-
-    def __init__(self, data: Path, log: Path) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "AWS_DEFAULT_REGION": "us-east-1", "INITIAL_NO_AUTH_ACTION_COUNT": str(
-            no_auth_action_count(4))}
-        self.log = open(log, "ab")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen([sys.executable, "-m", "deployments.platform.s3", "--port", str(self.port),
-                                      "--data", str(data), "--write-once", "anchors/"],
-                                     env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(self.url + "/moto-api/", timeout=1).close()
-            except urllib.error.HTTPError:
-                return  # 403: up (the admin API is refused, and not counted as a set-up call)
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"the endpoint on {self.port} did not start; see {log}") from None
-                time.sleep(0.1)
-
-    def fs(self, key: tuple[str, str]) -> s3fs.S3FileSystem:
-        return s3fs.S3FileSystem(key=key[0], secret=key[1], client_kwargs={"endpoint_url": self.url},
-                                 skip_instance_cache=True, use_listings_cache=False)
-
-    def kill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)  # no shutdown, no flush: only what was written through survives
-        self.proc.wait(10)
-        self.log.close()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log.close()
+def Endpoint(data: Path, log: Path) -> S3Endpoint:  # noqa: N802 (reads as the class it returns)
+    """The platform's S3 endpoint on ``data``, with the exchange's write-once prefix, as the platform starts it."""
+    return S3Endpoint(log, no_auth_action_count(4), data=data, write_once="anchors/")
 
 
 def test_a_killed_endpoint_comes_back_with_every_acknowledged_object_and_its_keys(tmp_path: Path) -> None:

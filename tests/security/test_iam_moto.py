@@ -8,14 +8,9 @@ site stores. Each is started with ``INITIAL_NO_AUTH_ACTION_COUNT`` and provision
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import boto3
@@ -23,6 +18,7 @@ import pandas as pd
 import pytest
 import s3fs
 from botocore.exceptions import ClientError
+from s3_endpoint import S3Endpoint
 
 from insitu.governance.iam import (
     exchange_coordinator_policy,
@@ -36,62 +32,19 @@ pytestmark = pytest.mark.e2e
 
 EX = "insitu-exchange"
 SITES = ("eu", "us", "apac")
-# The platform's endpoint: moto's server with its admin API refused (deployments/platform/s3.py).
-MOTO = [sys.executable, "-m", "deployments.platform.s3", "--port"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Moto:
-    """One S3 endpoint subprocess on a free port, stopped by its PID."""
-
-    def __init__(self, log_dir: Path, no_auth: int | None) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "AWS_DEFAULT_REGION": "us-east-1"}
-        env.pop("INITIAL_NO_AUTH_ACTION_COUNT", None)
-        if no_auth is not None:
-            env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(no_auth)
-        self.log = open(log_dir / f"moto-{self.port}.log", "wb")  # closed in stop()
-        self.proc = subprocess.Popen([*MOTO, str(self.port)], env=env,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            try:  # the refused /moto-api/ is not counted against INITIAL_NO_AUTH_ACTION_COUNT
-                urllib.request.urlopen(self.url + "/moto-api/", timeout=1).close()
-                return
-            except urllib.error.HTTPError as e:
-                assert e.code == 403, e
-                return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"moto_server on {self.port} did not start") from None
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log.close()
+Servers = Callable[[int | None], S3Endpoint]
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[int | None], Moto]]:
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     """A factory of moto servers; all are stopped by PID when the module is done."""
     log_dir = tmp_path_factory.mktemp("moto-iam")
-    started: list[Moto] = []
+    started: list[S3Endpoint] = []
 
-    def start(no_auth: int | None) -> Moto:
-        started.append(Moto(log_dir, no_auth))
+    def start(no_auth: int | None) -> S3Endpoint:
+        started.append(S3Endpoint(log_dir / f"moto-{len(started)}.log", no_auth))
         return started[-1]
 
     try:
@@ -108,7 +61,7 @@ def _users_exchange() -> dict[str, dict[str, Any]]:
 
 
 class Store:
-    def __init__(self, server: Moto, keys: dict[str, tuple[str, str]]) -> None:
+    def __init__(self, server: S3Endpoint, keys: dict[str, tuple[str, str]]) -> None:
         self.server, self.keys = server, keys
 
     def fs(self, user: str, secret: str | None = None) -> s3fs.S3FileSystem:
@@ -127,14 +80,14 @@ class Store:
 
 
 @pytest.fixture(scope="module")
-def exchange(servers: Callable[[int | None], Moto]) -> Store:
+def exchange(servers: Servers) -> Store:
     users = _users_exchange()
     server = servers(no_auth_action_count(len(users)))
     return Store(server, provision(server.url, EX, users))
 
 
 @pytest.fixture(scope="module")
-def eu_store(servers: Callable[[int | None], Moto]) -> Store:
+def eu_store(servers: Servers) -> Store:
     # site-us also exists here, as it would in one AWS account, to be refused an existing bucket.
     users = {"site-eu": site_store_policy("insitu-eu"), "site-us": site_store_policy("insitu-us")}
     server = servers(no_auth_action_count(len(users)))
@@ -142,7 +95,7 @@ def eu_store(servers: Callable[[int | None], Moto]) -> Store:
 
 
 @pytest.fixture(scope="module")
-def us_store(servers: Callable[[int | None], Moto]) -> Store:
+def us_store(servers: Servers) -> Store:
     users = {"site-us": site_store_policy("insitu-us")}
     server = servers(no_auth_action_count(len(users)))
     return Store(server, provision(server.url, "insitu-us", users))
@@ -157,7 +110,7 @@ def code_of(call: Callable[[], Any]) -> str:
 # ---------------------------------------------------------------- setup phase
 
 
-def test_provision_needs_exactly_the_counted_unauthenticated_requests(servers: Callable[[int | None], Moto]) -> None:
+def test_provision_needs_exactly_the_counted_unauthenticated_requests(servers: Servers) -> None:
     users = {"a": site_store_policy("insitu-a"), "b": site_store_policy("insitu-b")}
     n = no_auth_action_count(len(users))
     too_few = servers(n - 1)
@@ -344,7 +297,7 @@ def test_moto_gap_multi_object_delete_under_a_prefix_grant(exchange: Store) -> N
     assert not co.exists(path)
 
 
-def test_the_admin_api_that_could_switch_authentication_off_is_refused(servers: Callable[[int | None], Moto]) -> None:
+def test_the_admin_api_that_could_switch_authentication_off_is_refused(servers: Servers) -> None:
     moto = servers(no_auth_action_count(1))
     for method, path in (("POST", "/moto-api/reset-auth"), ("GET", "/moto-api/data.json"), ("POST", "/moto-api/reset")):
         req = urllib.request.Request(moto.url + path, method=method, data=b"{}" if method == "POST" else None)
