@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit e2e lint down clean
+.PHONY: demo test unit e2e lint down clean postgres
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -14,10 +14,18 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/pip install -q --no-deps -e .
 	@touch $(STAMP)
 
-demo: $(STAMP)
+# The control plane's database (Debian's `postgresql`; preinstalled on most of our machines). Installed when root
+# and missing; without it the platform keeps Prefect's and MLflow's state in SQLite.
+postgres:
+	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	  { test "$$(id -u)" = 0 && { apt-get install -y -q postgresql >/dev/null || \
+	    { apt-get update -q >/dev/null && apt-get install -y -q postgresql >/dev/null; }; }; } || \
+	  echo "PostgreSQL is not installed: the platform keeps its control plane on SQLite (see docs/operations.md)"
+
+demo: $(STAMP) postgres
 	$(BIN)/insitu demo
 
-test: $(STAMP)
+test: $(STAMP) postgres
 	$(BIN)/ruff check .
 	TMPDIR=$${TMPDIR:-/tmp} $(BIN)/pytest -v -rs --durations=15
 

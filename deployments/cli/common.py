@@ -68,4 +68,4 @@ def require_up(p: Platform) -> None:
 
 def print_urls(p: Platform) -> None:
     console.print(f"Prefect UI: [link]{p.prefect_ui_url}[/link]   MLflow UI: [link]{p.mlflow_url}[/link]   "
-                  f"state: {p.dir}   (both ask for a login: `insitu credentials`)")
+                  f"state: {p.dir}   control plane on {p.database}   (both ask for a login: `insitu credentials`)")

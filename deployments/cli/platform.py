@@ -35,12 +35,15 @@ def up(
     conf: ConfDir = DEFAULT_CONF,
     free_ports: Annotated[bool, typer.Option(help="pick free ports instead of the defaults")] = False,
     port: Annotated[list[str], typer.Option(help="override a port: NAME=PORT (e.g. prefect=4300)")] = [],  # noqa: B006
+    database: Annotated[str | None, typer.Option(
+        help="where Prefect and MLflow keep their state, chosen when the platform is new: postgres (the default "
+             "where PostgreSQL is installed) or sqlite")] = None,
 ) -> None:
     """Start (or reuse) the local multi-site platform and wait until every part is healthy."""
     quiet_logs()
     ports = {k: int(v) for k, v in (x.split("=", 1) for x in port)}
     try:
-        p = Platform(state_dir, conf, ports=ports, free_ports=free_ports)
+        p = Platform(state_dir, conf, ports=ports, free_ports=free_ports, database=database)
         p.apply_env()
         with console.status("starting the local platform (Prefect, MLflow, S3 per site, Dask per site, workers)…"):
             res = p.up()

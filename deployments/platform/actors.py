@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from deployments.platform.users import Account, current_account, ensure_account
 from insitu.conf import SitesConfig
 
@@ -39,3 +41,8 @@ class Actors:
     def audit_account(self) -> Account:
         """The OS user the audit services run as: no actor's processes can read the keys or touch the logs."""
         return ensure_account("insitu-audit") if self.isolate else current_account()
+
+    def database_account(self) -> Account:
+        """The OS user the control plane's PostgreSQL runs as and keeps its files as: never root (PostgreSQL refuses
+        it), never an actor (no site reads Prefect's or MLflow's tables from the disk)."""
+        return ensure_account("insitu-postgres") if os.geteuid() == 0 else current_account()

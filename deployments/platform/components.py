@@ -1,10 +1,11 @@
 """The processes that make up the local platform, in the tiers ``up`` starts them in.
 
 1. one audit service per actor (``insitu-audit``'s);
-2. the servers, as the caller and never handed to a site: Prefect, MLflow, one S3 endpoint per site and one
+2. the control plane's database (PostgreSQL, as ``insitu-postgres``; none when the platform keeps SQLite);
+3. the servers, as the caller and never handed to a site: Prefect, MLflow, one S3 endpoint per site and one
    for the exchange;
-3. per site, as the site's user: a Dask scheduler and its workers (mutual TLS with the site's own CA);
-4. one insitu worker per work pool (``deployments/worker.py``), as its actor's user.
+4. per site, as the site's user: a Dask scheduler and its workers (mutual TLS with the site's own CA);
+5. one insitu worker per work pool (``deployments/worker.py``), as its actor's user.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from deployments.platform import postgres
 from deployments.platform.actors import COORDINATOR, Actors
 from deployments.platform.endpoints import Endpoints
 from deployments.platform.env import Environments
@@ -53,7 +55,7 @@ class Components:
 
     def all(self) -> list[Component]:
         """Every component in start order, the workers last."""
-        return self.audit() + self.servers() + self.dask() + self.workers()
+        return self.audit() + self.database() + self.servers() + self.dask() + self.workers()
 
     def audit(self) -> list[Component]:
         p = self._paths
@@ -65,6 +67,19 @@ class Components:
                           timeout=60,
                           account=self._actors.audit_account())
                 for a in self._actors.names]
+
+    def database(self) -> list[Component]:
+        """The control plane's PostgreSQL (none on SQLite): its cluster is created on first start."""
+        if self._state.database != "postgres":
+            return []
+        port = self._urls.port("postgres")
+        superuser = self._state.database_password("superuser")
+        data = self._paths.postgres_dir / "data"
+        account = self._actors.database_account()
+        return [Component("postgres", postgres.server_command(data, port),
+                          {**self._envs.base(), "HOME": str(self._paths.postgres_dir), "USER": account.name,
+                           "TMPDIR": str(self._paths.postgres_dir), "LANG": "C"},
+                          lambda: postgres.healthy(port, superuser), timeout=120, account=account)]
 
     def servers(self) -> list[Component]:
         """The control plane (run as the caller) and the clouds' endpoints (each its store's own user); never
@@ -83,23 +98,48 @@ class Components:
              str(self._urls.port("prefect")), "--analytics-off"],
             {**self._envs.base(), "PREFECT_HOME": str(self._paths.prefect_server_home),
              "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": api, "PREFECT_API_URL": api,
-             "PREFECT_SERVER_API_AUTH_STRING": self._state.prefect_auth},
+             "PREFECT_SERVER_API_AUTH_STRING": self._state.prefect_auth, **self._prefect_database()},
             lambda: http_ok(self._urls.prefect_api_url + "/health"),
             timeout=120,
         )
 
+    def _prefect_database(self) -> dict[str, str]:
+        """Where the Prefect server keeps its state: its own PostgreSQL database (the URL, with its password, in its
+        environment only: never on a command line), else SQLite in its home."""
+        if self._state.database != "postgres":
+            return {}
+        return {"PREFECT_SERVER_DATABASE_CONNECTION_URL": postgres.url(
+            "postgresql+asyncpg", "prefect", self._urls.port("postgres"), "prefect",
+            self._state.database_password("prefect"))}
+
+    def mlflow_backend_uri(self) -> str:
+        """MLflow's backend store: its own PostgreSQL database (the password comes from ``PGPASSWORD``), else
+        SQLite beside its artifacts."""
+        if self._state.database != "postgres":
+            return f"sqlite:///{self._paths.mlflow_dir / 'mlflow.db'}"
+        return postgres.url("postgresql+psycopg2", "mlflow", self._urls.port("postgres"), "mlflow")
+
+    def mlflow_auth_uri(self) -> str:
+        """The basic-auth app's users and permissions: a database of their own, like the backend's."""
+        if self._state.database != "postgres":
+            return f"sqlite:///{self._paths.mlflow_dir / 'basic_auth.db'}"
+        return postgres.url("postgresql+psycopg2", "mlflow", self._urls.port("postgres"), "mlflow_auth")
+
     def _mlflow_server(self) -> Component:
         # Lean: one uvicorn worker and no job runner (the default is ~15 processes and ~3 GB; STACK-NOTES).
         d = self._paths.mlflow_dir
+        # libpq reads the role's password from the environment, so no URI (on argv, in the ini) holds it.
+        password = {"PGPASSWORD": self._state.database_password("mlflow")} if self._state.database == "postgres" \
+            else {}
         return Component(
             "mlflow-server",
             [console_script("mlflow"), "server", "--app-name", "basic-auth", "--host", "127.0.0.1",
              "--port", str(self._urls.port("mlflow")), "--workers", "1",
-             "--backend-store-uri", f"sqlite:///{d / 'mlflow.db'}",
+             "--backend-store-uri", self.mlflow_backend_uri(),
              "--artifacts-destination", str(d / "artifacts"), "--enable-workspaces"],
             {**self._envs.base(), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
              "MLFLOW_AUTH_CONFIG_PATH": str(self._paths.mlflow_auth_ini),
-             "MLFLOW_FLASK_SERVER_SECRET_KEY": self._state.mlflow_password("flask-secret")},
+             "MLFLOW_FLASK_SERVER_SECRET_KEY": self._state.mlflow_password("flask-secret"), **password},
             lambda: http_ok(self._urls.mlflow_url + "/health"),
             timeout=120,
         )

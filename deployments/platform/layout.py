@@ -63,6 +63,17 @@ class Layout:
             store = make_private_dir(self._paths.store_dir(server), self._actors.store_account(server), 0o700)
             make_private_dir(store / "tmp", self._actors.store_account(server), 0o700)
 
+    def prepare_database(self) -> None:
+        """The control plane's PostgreSQL cluster, created once, owned by the database's own account (0700)."""
+        from deployments.platform import postgres
+
+        if self._state.database != "postgres":
+            return
+        account = self._actors.database_account()
+        if not account.is_current:
+            ensure_traversable(self._paths.root)  # its account must reach its directory, as the actors do theirs
+        postgres.init_cluster(self._paths.postgres_dir, account, self._state.database_password("superuser"))
+
     def prepare_home(self, actor: str) -> None:
         """Create the actor's home (root, in root's ``actors/``), then fill it as the actor (``home``)."""
         acct = self._actors.account(actor)

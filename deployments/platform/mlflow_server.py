@@ -19,13 +19,13 @@ WORKSPACE = "default"
 WRITER_ROLE = "insitu-registry-writers"
 
 
-def write_auth_config(ini: Path, db: Path, admin_password: str) -> None:
+def write_auth_config(ini: Path, database_uri: str, admin_password: str) -> None:
     """The auth app's configuration (owner-only: it holds the admin password used on first start)."""
     ini.parent.mkdir(parents=True, exist_ok=True)
     text = "\n".join([
         "[mlflow]",
         "default_permission = READ",
-        f"database_uri = sqlite:///{db}",
+        f"database_uri = {database_uri}",
         "admin_username = admin",
         f"admin_password = {admin_password}",
         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth",

@@ -134,3 +134,8 @@ class PlatformPaths:
     @property
     def prefect_server_home(self) -> Path:
         return self.root / "prefect-server"
+
+    @property
+    def postgres_dir(self) -> Path:
+        """The control plane's PostgreSQL: its cluster in ``data/``, the database account's only (0700)."""
+        return self.root / "postgres"

@@ -52,9 +52,19 @@ def alive(pid: int | None, created: float | None = None) -> bool:
         return False
 
 
+# Components whose main process alone is signalled, with this signal: PostgreSQL's postmaster shuts its own
+# children down ("fast" shutdown on SIGINT); a signal sent to one of them directly reads to it as a crash.
+MAIN_PROCESS_ONLY = {"postgres": signal.SIGINT}
+
+
 def stop_tier(name: str) -> int:
-    """The order components stop in: the Prefect workers first, then the Dask workers, then the rest (servers)."""
-    return 0 if name.startswith("worker-") else 1 if name.startswith("dask-workers") else 2
+    """The order components stop in: the Prefect workers first, then the Dask workers, then the servers, and the
+    database the servers write to last."""
+    if name.startswith("worker-"):
+        return 0
+    if name.startswith("dask-workers"):
+        return 1
+    return 3 if name in MAIN_PROCESS_ONLY else 2
 
 
 class Processes:
@@ -140,18 +150,26 @@ class Processes:
     def _stop_together(self, names: list[str], timeout: float) -> list[str]:
         """SIGTERM the named processes and their children at once; SIGKILL what is left after ``timeout``."""
         procs: list[psutil.Process] = []
+        signals: dict[int, signal.Signals | None] = {}  # None: not signalled
         stopped = []
         for name in sorted(names):
             if not self.is_ours(name):
                 continue
             try:
-                procs += [psutil.Process(self._pids[name]), *psutil.Process(self._pids[name]).children(recursive=True)]
+                main = psutil.Process(self._pids[name])
+                children = main.children(recursive=True)
             except psutil.NoSuchProcess:
                 continue
+            procs += [main, *children]
+            if name in MAIN_PROCESS_ONLY:
+                signals[main.pid] = MAIN_PROCESS_ONLY[name]
+                signals.update(dict.fromkeys((c.pid for c in children), None))  # its main process stops them
             stopped.append(name)
         for p in procs:
+            sig = signals.get(p.pid, signal.SIGTERM)
             try:
-                p.send_signal(signal.SIGTERM)
+                if sig is not None:
+                    p.send_signal(sig)
             except psutil.NoSuchProcess:
                 pass
         _, still = psutil.wait_procs(procs, timeout=timeout)

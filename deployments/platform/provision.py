@@ -67,12 +67,19 @@ class Provisioning:
         keys = provision(self._urls.s3_endpoint(server), bucket(ref.storage), s3_policies(self._sites, server))
         self._state.record_s3_keys(server, keys)
 
-    def mlflow_auth_config(self) -> None:
+    def mlflow_auth_config(self, database_uri: str) -> None:
         """MLflow's basic-auth configuration (it holds the admin password the server starts with)."""
         from deployments.platform.mlflow_server import write_auth_config
 
-        write_auth_config(self._paths.mlflow_auth_ini, self._paths.mlflow_dir / "basic_auth.db",
-                          self._state.mlflow_password("admin"))
+        write_auth_config(self._paths.mlflow_auth_ini, database_uri, self._state.mlflow_password("admin"))
+
+    def databases(self) -> None:
+        """The control plane's roles and databases on its PostgreSQL (their passwords from the state file)."""
+        from deployments.platform import postgres
+
+        if self._state.database == "postgres":
+            postgres.provision(self._urls.port("postgres"), self._state.database_password("superuser"),
+                               {r: self._state.database_password(r) for r in postgres.DATABASES})
 
     def mlflow_users(self) -> None:
         """The coordinator (the registry's one writer) and the operator (a reader) on a just-started server."""

@@ -21,7 +21,8 @@ from insitu.conf import SitesConfig
 from insitu.governance.audit_proof import new_service_key
 
 STATE_FORMAT = 2
-DEFAULT_PORTS = {"prefect": 4200, "mlflow": 5055, "s3-exchange": 9100}
+DEFAULT_PORTS = {"prefect": 4200, "mlflow": 5055, "s3-exchange": 9100, "postgres": 5433}
+DATABASES = ("postgres", "sqlite")  # where the control plane (Prefect, MLflow) keeps its state
 
 
 def free_port() -> int:
@@ -32,7 +33,7 @@ def free_port() -> int:
 
 def choose_ports(sites: SitesConfig, given: dict[str, int], free: bool) -> dict[str, int]:
     """Each server's port: the one given, else a free one (``free``), else its default."""
-    names = ["prefect", "mlflow", "s3-exchange"]
+    names = ["prefect", "mlflow", "s3-exchange", "postgres"]
     names += [f"s3-{s.name}" for s in sites.sites] + [f"dask-{s.name}" for s in sites.sites]
     defaults = dict(DEFAULT_PORTS)
     for i, s in enumerate(sites.sites):
@@ -50,7 +51,32 @@ def new_secrets(actors: list[str]) -> dict[str, Any]:
         "prefect_auth": f"insitu:{secrets.token_urlsafe(24)}",
         "mlflow": {u: secrets.token_urlsafe(18) for u in ("admin", COORDINATOR, "operator", "flask-secret")},
         "s3": {},
+        "postgres": new_database_passwords(),
     }
+
+
+def new_database_passwords() -> dict[str, str]:
+    """The control plane database's superuser and one role per server (``platform.postgres``)."""
+    return {role: secrets.token_urlsafe(24) for role in ("superuser", "prefect", "mlflow")}
+
+
+def choose_database(recorded: str | None, asked: str | None, fresh: bool, path: Path) -> str:
+    """The control plane's database: chosen when the platform is new and kept for its life (the other holds none
+    of its runs). A platform from before the choice existed keeps SQLite, with its data."""
+    if asked is not None and asked not in DATABASES:
+        raise PlatformError(f"--database {asked!r}: choose one of {', '.join(DATABASES)}")
+    if fresh:
+        if asked is not None:
+            return asked
+        from deployments.platform.postgres import available
+
+        return "postgres" if available() else "sqlite"
+    kept = recorded or "sqlite"
+    if asked is not None and asked != kept:
+        raise PlatformError(f"{path}: this platform keeps its runs and models in {kept}, not {asked}. Fix: start it "
+                            f"with `--database {kept}` (or without --database), or wipe its data first "
+                            f"(`insitu down --wipe`) to start afresh on {asked}")
+    return kept
 
 
 class PlatformState:
@@ -63,8 +89,9 @@ class PlatformState:
 
     @classmethod
     def open(cls, path: Path, sites: SitesConfig, actors: list[str], ports: dict[str, int] | None,
-             free_ports: bool) -> PlatformState:
-        """Read the state file, or start one: ports chosen (``ports`` win), secrets generated once."""
+             free_ports: bool, database: str | None = None) -> PlatformState:
+        """Read the state file, or start one: ports chosen (``ports`` win), secrets generated once, the control
+        plane's database chosen once (``database``, else PostgreSQL where its server is installed)."""
         data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
         older_running = False
         if data.get("format") != STATE_FORMAT:
@@ -72,16 +99,30 @@ class PlatformState:
             older_running = any(alive(pid) for pid in data.get("pids", {}).values())
             data = {k: data[k] for k in ("pids", "started", "ports") if k in data} if older_running else {}
         data["format"] = STATE_FORMAT
+        fresh = not data.get("secrets")
         if not data.get("ports"):
             data["ports"] = choose_ports(sites, ports or {}, free_ports)
-        elif ports:
-            data["ports"].update(ports)
-        if not data.get("secrets"):
+        else:  # a state file from before a server was added gets that server's port
+            data["ports"].update(ports or {})
+            for name, port in choose_ports(sites, ports or {}, free_ports).items():
+                data["ports"].setdefault(name, port)
+        if fresh:
             data["secrets"] = new_secrets(actors)
+        data["secrets"].setdefault("postgres", new_database_passwords())
+        data["database"] = choose_database(data.get("database"), database, fresh, path)
         signing = data["secrets"].setdefault("audit_signing", {})  # state files from before the services signed
         for a in actors:
             signing.setdefault(a, new_service_key())
         return cls(path, data, older_running)
+
+    @property
+    def database(self) -> str:
+        """Where the control plane keeps its state: ``postgres`` or ``sqlite``."""
+        return str(self.data["database"])
+
+    def database_password(self, role: str) -> str:
+        """The password of ``role`` (``superuser``, ``prefect``, ``mlflow``) on the control plane's PostgreSQL."""
+        return str(self.data["secrets"]["postgres"][role])
 
     def save(self) -> None:
         """Write the state file atomically, owner-only (0600) from its first byte."""

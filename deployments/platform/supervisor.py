@@ -60,13 +60,14 @@ class Platform:
         ports: dict[str, int] | None = None,
         free_ports: bool = False,
         isolate_users: bool | None = None,
+        database: str | None = None,
     ) -> None:
         self.dir = Path(state_dir).resolve()
         self.conf_dir = Path(conf_dir or REPO / "conf").resolve()
         self.sites: SitesConfig = load_sites(self.conf_dir / "sites.yaml")
         self._paths = PlatformPaths(self.dir)
         self._state = PlatformState.open(self._paths.state_file, self.sites, [COORDINATOR, *self.sites.names],
-                                         ports, free_ports)
+                                         ports, free_ports, database)
         isolate = can_isolate() if isolate_users is None else isolate_users
         if isolate and not can_isolate():
             raise PlatformError("separate OS users per site need root; run as root or pass isolate_users=False")
@@ -86,11 +87,14 @@ class Platform:
         self._refuse_an_older_platform()
         t0 = time.monotonic()
         self._layout.prepare_dirs()
-        self._provisioning.mlflow_auth_config()
+        self._layout.prepare_database()
+        self._provisioning.mlflow_auth_config(self._components.mlflow_auth_uri())
         self._state.save()
         self._layout.prepare_audit()
         started = self._processes.ensure(self._components.audit())
         self._layout.install_default_policies()  # audited: the audit services run from here on
+        started += self._processes.ensure(self._components.database())
+        self._provisioning.databases()
         servers = self._components.servers()
         started += self._processes.ensure(servers)
         self._provision_started(servers, started)
@@ -163,6 +167,15 @@ class Platform:
     def apply_env(self, env: dict[str, str] | None = None) -> None:
         """Put the operator's environment into this process (CLI and tests)."""
         os.environ.update(env or self.operator_env())
+
+    @property
+    def database(self) -> str:
+        """Where the control plane (Prefect, MLflow) keeps its state: ``postgres`` or ``sqlite``."""
+        return self._state.database
+
+    def database_password(self, role: str) -> str:
+        """The password of ``role`` on the control plane's PostgreSQL (``superuser``, ``prefect``, ``mlflow``)."""
+        return self._state.database_password(role)
 
     @property
     def isolate(self) -> bool:
