@@ -20,7 +20,7 @@ import sys
 import typer
 from rich.console import Console
 
-from deployments.cli import data, governance, jobs, platform
+from deployments.cli import data, governance, jobs, platform, wan
 from deployments.cli.common import console
 from deployments.cli.conf_check import check_schedule
 from deployments.cli.governance import audit_timeline, audit_verify
@@ -49,10 +49,18 @@ data_app = typer.Typer(help="A site's own store: put a file into it, list what i
 data_app.command("put")(data.data_put)
 data_app.command("ls")(data.data_ls)
 
+wan_app = typer.Typer(help="Each site's WAN border on the local platform: show, set, cut, restore.",
+                      no_args_is_help=True)
+wan_app.command("show")(wan.wan_show)
+wan_app.command("set")(wan.wan_set)
+wan_app.command("cut")(wan.wan_cut)
+wan_app.command("restore")(wan.wan_restore)
+
 app.command()(jobs.validate)
 app.add_typer(audit_app, name="audit")
 app.add_typer(policy_app, name="policy")
 app.add_typer(data_app, name="data")
+app.add_typer(wan_app, name="wan")
 
 
 def main() -> None:  # pragma: no cover (run as a process by the tests)

@@ -38,12 +38,18 @@ def up(
     database: Annotated[str | None, typer.Option(
         help="where Prefect and MLflow keep their state, chosen when the platform is new: postgres (the default "
              "where PostgreSQL is installed) or sqlite")] = None,
+    wan: Annotated[list[str], typer.Option(
+        help="a site's WAN profile, over its sites.yaml entry: SITE:rtt_ms=80,mbit=50,loss=0.001 (SITE: alone: a "
+             "relay at no cost); kept for later `up`s, changed with `insitu wan set`")] = [],  # noqa: B006
 ) -> None:
     """Start (or reuse) the local multi-site platform and wait until every part is healthy."""
+    from deployments.platform.border import parse_profile
+
     quiet_logs()
     ports = {k: int(v) for k, v in (x.split("=", 1) for x in port)}
     try:
-        p = Platform(state_dir, conf, ports=ports, free_ports=free_ports, database=database)
+        profiles = dict(parse_profile(w) for w in wan)
+        p = Platform(state_dir, conf, ports=ports, free_ports=free_ports, database=database, wan=profiles)
         p.apply_env()
         with console.status("starting the local platform (Prefect, MLflow, S3 per site, Dask per site, workers)…"):
             res = p.up()

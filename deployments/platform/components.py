@@ -4,8 +4,9 @@
 2. the control plane's database (PostgreSQL, as ``insitu-postgres``; none when the platform keeps SQLite);
 3. the servers, as the caller and never handed to a site: Prefect, MLflow, one S3 endpoint per site and one
    for the exchange;
-4. per site, as the site's user: a Dask scheduler and its workers (mutual TLS with the site's own CA);
-5. one insitu worker per work pool (``deployments/worker.py``), as its actor's user.
+4. a border relay per site that has a WAN profile (``platform.border``);
+5. per site, as the site's user: a Dask scheduler and its workers (mutual TLS with the site's own CA);
+6. one insitu worker per work pool (``deployments/worker.py``), as its actor's user.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from deployments.platform import postgres
 from deployments.platform.actors import COORDINATOR, Actors
+from deployments.platform.border import CROSSING, Borders
 from deployments.platform.endpoints import Endpoints
 from deployments.platform.env import Environments
 from deployments.platform.health import (
@@ -45,7 +47,8 @@ class Components:
     """Each tier's components, built afresh at each call (environments hold the keys recorded so far)."""
 
     def __init__(self, paths: PlatformPaths, sites: SitesConfig, actors: Actors, state: PlatformState,
-                 endpoints: Endpoints, envs: Environments) -> None:
+                 endpoints: Endpoints, envs: Environments, borders: Borders) -> None:
+        self._borders = borders
         self._paths = paths
         self._sites = sites
         self._actors = actors
@@ -55,7 +58,7 @@ class Components:
 
     def all(self) -> list[Component]:
         """Every component in start order, the workers last."""
-        return self.audit() + self.database() + self.servers() + self.dask() + self.workers()
+        return self.audit() + self.database() + self.servers() + self.borders() + self.dask() + self.workers()
 
     def audit(self) -> list[Component]:
         p = self._paths
@@ -159,6 +162,16 @@ class Components:
                          {**self._envs.base(), "INITIAL_NO_AUTH_ACTION_COUNT": str(no_auth_action_count(users)),
                           "HOME": str(data), "TMPDIR": str(data / "tmp"), "USER": account.name},
                          lambda p=port: tcp_ok(p), extra={"s3": server}, account=account)
+
+    def borders(self) -> list[Component]:
+        """A relay per site that has a WAN profile: its border to the control plane (``platform.border``)."""
+        comps = []
+        for site in self._borders.sites:
+            ports = [self._borders.port(site, server) for server in CROSSING]
+            comps.append(Component(f"wan-{site}", [sys.executable, "-m", "deployments.platform.wan_relay", "--config",
+                                                   str(self._borders.config_file(site))],
+                                   self._envs.base(), lambda ports=ports: all(tcp_ok(p) for p in ports), timeout=30))
+        return comps
 
     def dask(self) -> list[Component]:
         comps = []

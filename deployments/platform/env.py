@@ -66,7 +66,7 @@ class Environments:
     def prefect(self, actor: str | None = None) -> dict[str, str]:
         """A Prefect client's settings: the API, its credential, and the actor's own Prefect home."""
         return {
-            "PREFECT_API_URL": self._urls.prefect_api_url,
+            "PREFECT_API_URL": self._urls.prefect_api_url_for(actor),
             "PREFECT_API_AUTH_STRING": self._state.prefect_auth,
             "PREFECT_HOME": str(self._paths.prefect_home(actor)),
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -80,7 +80,7 @@ class Environments:
         ref = self._sites.exchange if server == "exchange" else self._sites.site(server)
         env: dict[str, str] = {}
         if ref.endpoint_env:
-            env[ref.endpoint_env] = self._urls.s3_endpoint(server)
+            env[ref.endpoint_env] = self._urls.s3_endpoint_for(user, server)
         if not self._state.s3_provisioned(server):
             return env  # not provisioned yet (before up): the endpoint alone
         key, secret = self._state.s3_credentials(server, user)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from deployments.platform.actors import COORDINATOR, Actors
+from deployments.platform.border import Borders
 from deployments.platform.components import Components
 from deployments.platform.endpoints import Endpoints
 from deployments.platform.env import Environments
@@ -61,6 +62,7 @@ class Platform:
         free_ports: bool = False,
         isolate_users: bool | None = None,
         database: str | None = None,
+        wan: dict[str, dict[str, float] | None] | None = None,
     ) -> None:
         self.dir = Path(state_dir).resolve()
         self.conf_dir = Path(conf_dir or REPO / "conf").resolve()
@@ -72,11 +74,14 @@ class Platform:
         if isolate and not can_isolate():
             raise PlatformError("separate OS users per site need root; run as root or pass isolate_users=False")
         self._actors = Actors(self.sites, isolate)
-        self._urls = Endpoints(self._state)
+        self._borders = Borders(self.sites, self._state, self._paths.root / "wan")
+        self._borders.record(wan or {})
+        self._urls = Endpoints(self._state, self._borders)
         self._principals = Principals(self._paths, self.sites)
         self._envs = Environments(self._paths, self.sites, self.conf_dir, self._state, self._urls,
                                   self._actors.account)
-        self._components = Components(self._paths, self.sites, self._actors, self._state, self._urls, self._envs)
+        self._components = Components(self._paths, self.sites, self._actors, self._state, self._urls, self._envs,
+                                      self._borders)
         self._processes = Processes(self._state, self._paths)
         self._layout = Layout(self._paths, self._actors, self._principals, self._state)
         self._provisioning = Provisioning(self._paths, self.sites, self._actors, self._state, self._urls)
@@ -98,12 +103,24 @@ class Platform:
         servers = self._components.servers()
         started += self._processes.ensure(servers)
         self._provision_started(servers, started)
+        self._follow_borders(started)
         started += self._processes.ensure(self._components.dask())
         self._provisioning.pools()
         started += self._processes.ensure(self._components.workers())
         elapsed = time.monotonic() - t0
         log.info("platform up in %.1fs (started: %s)", elapsed, ", ".join(started) or "nothing, all running")
         return {"seconds": elapsed, "started": started}
+
+    def _follow_borders(self, started: list[str]) -> None:
+        """Each site's relay runs exactly when it has a WAN profile; a site whose border changed restarts its worker,
+        which reaches the control plane through whatever the border now is."""
+        self._borders.write_configs()
+        gone = [f"wan-{s}" for s in self.sites.names
+                if not self._borders.behind(s) and self._processes.is_ours(f"wan-{s}")]
+        self._processes.stop(gone)
+        changed = [n.removeprefix("wan-") for n in gone + self._processes.ensure(self._components.borders())]
+        started += [f"wan-{s}" for s in changed if self._borders.behind(s)]
+        self._processes.stop([f"worker-{self._actors.work_pool(s)}" for s in changed])
 
     def _refuse_an_older_platform(self) -> None:
         if self._state.older_running and any(self._processes.is_ours(n) for n in self.state.get("pids", {})):
@@ -176,6 +193,11 @@ class Platform:
     def database_password(self, role: str) -> str:
         """The password of ``role`` on the control plane's PostgreSQL (``superuser``, ``prefect``, ``mlflow``)."""
         return self._state.database_password(role)
+
+    @property
+    def borders(self) -> Borders:
+        """Each site's border to the control plane: its WAN profile, and cut / restore / set on a running relay."""
+        return self._borders
 
     @property
     def isolate(self) -> bool:

@@ -7,7 +7,8 @@ delivered one way's latency (``rtt_ms / 2``) after it was read, after the bytes 
 TCP stream, not lost bytes: a chunk that would have lost one of its segments arrives one retransmission timeout
 late (``max(200 ms, rtt)``, Linux's minimum RTO). A cut holds every byte in both directions (no reset: what a
 pulled cable does) until the link is restored; connections made during a cut wait too. ``SIGUSR1`` cuts the link,
-``SIGUSR2`` restores it, ``SIGHUP`` re-reads the profile.
+``SIGUSR2`` restores it, ``SIGHUP`` re-reads the profile. What crossed each route (connections, bytes, round trips)
+is rewritten every second beside the configuration (``<config>.traffic.json``).
 
 At a zero profile a chunk is written on as soon as it is read (no timer, no queue): the relay's cost is one more
 loopback hop (``bench/wan.py`` and ``tests/unit/test_wan_relay.py`` measure it).
@@ -174,11 +175,40 @@ class Direction:
             self.src.resume_reading()
 
 
+@dataclass
+class Traffic:
+    """What crossed one route of the border: connections, bytes each way, and round trips (a request answered: the
+    bytes of a connection turning from up to down), which is what latency is paid on."""
+
+    connections: int = 0
+    up_bytes: int = 0
+    down_bytes: int = 0
+    round_trips: int = 0
+
+
+class Conn:
+    """One relayed connection's route and which way its bytes went last."""
+
+    def __init__(self, traffic: Traffic) -> None:
+        self.traffic = traffic
+        self.last = ""
+
+    def saw(self, direction: str, n: int) -> None:
+        t = self.traffic
+        if direction == "up":
+            t.up_bytes += n
+        else:
+            t.down_bytes += n
+            if self.last == "up":
+                t.round_trips += 1
+        self.last = direction
+
+
 class Side(asyncio.Protocol):
     """One end of a relayed connection: what it reads goes out through ``out``."""
 
-    def __init__(self, out: Direction, back: Direction) -> None:
-        self.out, self.back = out, back
+    def __init__(self, out: Direction, back: Direction, conn: Conn) -> None:
+        self.out, self.back, self.conn = out, back, conn
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -188,6 +218,7 @@ class Side(asyncio.Protocol):
         self.back.flush()
 
     def data_received(self, data: bytes) -> None:
+        self.conn.saw(self.out.name, len(data))
         self.out.send(data)
 
     def eof_received(self) -> bool:
@@ -208,6 +239,7 @@ class Relay:
         self.routes = routes
         self.link = link
         self.servers: list[asyncio.Server] = []
+        self.traffic = {target: Traffic() for _, _, target in routes}  # by target port
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -218,18 +250,21 @@ class Relay:
     def _accept(self, host: str, target: int) -> Side:
         loop = asyncio.get_running_loop()
         up, down = Direction(self.link, "up", loop), Direction(self.link, "down", loop)
-        client = Side(up, down)
-        loop.create_task(self._connect(client, host, target, up, down))
+        conn = Conn(self.traffic[target])
+        conn.traffic.connections += 1
+        client = Side(up, down, conn)
+        loop.create_task(self._connect(client, host, target, up, down, conn))
         return client
 
-    async def _connect(self, client: Side, host: str, target: int, up: Direction, down: Direction) -> None:
+    async def _connect(self, client: Side, host: str, target: int, up: Direction, down: Direction,
+                       conn: Conn) -> None:
         loop = asyncio.get_running_loop()
         while self.link.cut:  # a connection made during a cut waits for the link, as a SYN retried would
             await asyncio.sleep(0.05)
         if self.link.wan.rtt_ms:
             await asyncio.sleep(self.link.wan.rtt_ms / 1000)  # the handshake's round trip
         try:
-            await loop.create_connection(lambda: Side(down, up), host, target)
+            await loop.create_connection(lambda: Side(down, up, conn), host, target)
         except OSError as e:
             log.warning("relay to %s:%d failed: %s", host, target, e)
             if client.transport:
@@ -254,12 +289,31 @@ def load(path: Path) -> tuple[list[tuple[int, str, int]], Wan]:
     return [tuple(r) for r in spec["listen"]], Wan.of(spec.get("wan"))  # type: ignore[misc]
 
 
+def stats_file(config: Path) -> Path:
+    """Where the relay keeps its traffic counters (``{target port: Traffic}``), rewritten every second."""
+    return config.with_suffix(".traffic.json")
+
+
+def write_traffic(relay: Relay, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({str(t): vars(tr) for t, tr in relay.traffic.items()}))
+    tmp.replace(path)
+
+
 async def serve(config: Path) -> None:
     routes, wan = load(config)
     relay = Relay(routes, Link(wan))
     await relay.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    stats = stats_file(config)
+
+    def keep_stats() -> None:
+        write_traffic(relay, stats)
+        if not stop.is_set():
+            loop.call_later(1.0, keep_stats)
+
+    keep_stats()
 
     def reload() -> None:
         relay.link.wan = load(config)[1]
@@ -273,6 +327,7 @@ async def serve(config: Path) -> None:
     log.info("relaying %s with %s", routes, wan)
     await stop.wait()
     relay.close()
+    write_traffic(relay, stats)
 
 
 def main() -> None:

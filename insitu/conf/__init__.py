@@ -17,7 +17,7 @@ from insitu.conf.datasets import (
 from insitu.conf.errors import ConfigError, did_you_mean, explain, format_loc, short
 from insitu.conf.load import Conf, conf_dir, load_conf, load_datasets, load_sites, load_training, trusted_training
 from insitu.conf.names import CONF_NAME, ENV_NAME, IMPORT_PATH, JOB_ID_PATTERN, SITE_NAME, check_job_id
-from insitu.conf.sites import CoordinatorConfig, DaskRef, SiteConfig, SitesConfig, StorageRef
+from insitu.conf.sites import CoordinatorConfig, DaskRef, SiteConfig, SitesConfig, StorageRef, WanProfile
 from insitu.conf.training import (
     AggregatorConfig,
     AsyncConfig,
@@ -43,6 +43,7 @@ __all__ = [
     "DaskRef", "DatasetConfig", "DatasetsConfig", "FederationConfig", "GateConfig", "ModelConfig",
     "OptimizerConfig", "RegistryConfig", "ScheduleConfig", "SchemaConfig",
     "ShardConfig", "SiteConfig", "SitesConfig", "SplitConfig", "StalenessConfig", "StorageRef", "TaskConfig",
+    "WanProfile",
     "TrainingConfig", "ValidationConfig", "check_job_id", "conf_dir", "did_you_mean", "explain", "format_loc",
     "load_conf", "load_datasets", "load_sites", "load_training", "normalise_store_url", "read_yaml", "short",
     "stores_overlap", "trusted_training",

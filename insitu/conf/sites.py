@@ -38,6 +38,21 @@ class DaskRef(Strict):
     """Dask workers the local platform starts for this site (one rank each)"""
 
 
+class WanProfile(Strict):
+    """The site's wide-area link to the control plane, as the local platform plays it (a relay at its border)."""
+
+    rtt_ms: Annotated[float, Field(ge=0, le=10_000)] = 0.0
+    """round-trip latency added to every exchange between the site and the control plane (ms)"""
+    mbit: Annotated[float, Field(gt=0, le=100_000)] | None = None
+    """bandwidth of the link each way (Mbit/s); empty: not limited"""
+    loss: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """probability that a TCP segment is lost (each loss costs its chunk a retransmission timeout)"""
+
+    @property
+    def zero(self) -> bool:
+        return self.rtt_ms == 0 and self.mbit is None and self.loss == 0
+
+
 class SiteConfig(StorageRef):
     name: Annotated[str, Field(pattern=SITE_NAME)]
     """the site's name: lower-case letters, digits and '-'"""
@@ -47,6 +62,9 @@ class SiteConfig(StorageRef):
     """the site's Dask cluster"""
     devices: Literal["cpu", "cuda"] = "cpu"
     """what the site's ranks train on (cuda: one GPU per Dask worker, nccl)"""
+    wan: WanProfile | None = None
+    """the local platform's WAN profile for this site's border, e.g. {rtt_ms: 80, mbit: 50, loss: 0.001}
+    (`insitu up --wan SITE:rtt_ms=80,mbit=50` overrides it); empty: no relay"""
 
 
 class CoordinatorConfig(Strict):

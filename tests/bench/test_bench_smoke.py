@@ -113,3 +113,10 @@ def test_async_vs_sync_prints_both_modes_at_the_same_versions(tmp_path: Path) ->
     # the slow site (0.3 s per update) sets every sync round's pace; async does not wait for it
     assert sync["wall_s"] >= 2 * 0.3
     assert all(r["wall_s"] < sync["wall_s"] for r in asyncs[:3])
+
+
+def test_wan_relay_only_prints_added_latency_and_throughput_ratio(tmp_path: Path) -> None:
+    r = _run("wan.py", "--relay-only", "--pings", "50", "--mbytes", "16", "--repeat", "1", tmp=tmp_path)
+    relay = r["relay_at_zero_profile"]
+    assert relay["round_trip_ms_direct"] > 0 and relay["round_trip_ms_relay"] > 0
+    assert 0 < relay["throughput_ratio"] < 10

@@ -81,6 +81,8 @@ def test_latency_is_added_per_round_trip_and_to_the_handshake() -> None:
             times.append(time.perf_counter() - t)
         # the first exchange also waits for the relay's own handshake with the server (one more round trip)
         assert times[0] >= 0.16 and min(times[1:]) >= 0.08, times
+        traffic = relay.traffic[relay.routes[0][2]]  # what bench/wan.py reports per round
+        assert (traffic.connections, traffic.round_trips, traffic.up_bytes, traffic.down_bytes) == (1, 3, 12, 12)
         w.close()
         relay.close()
         server.close()
@@ -169,6 +171,13 @@ def test_the_relay_process_cuts_and_restores_on_signals(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGUSR2)  # restore
         conn.settimeout(5)
         assert conn.recv(4) == b"held"
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # the counters it keeps beside its configuration, every second
+            kept = json.loads(cfg.with_suffix(".traffic.json").read_text())[str(target_port)]
+            if kept["up_bytes"] == 4:
+                break
+            time.sleep(0.2)
+        assert kept["connections"] == 1 and kept["up_bytes"] == 4
         client.close()
         conn.close()
     finally:

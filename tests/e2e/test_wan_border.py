@@ -1,0 +1,87 @@
+"""Each site behind its own WAN border on the shared platform: a job crosses the relays and registers; a cut border
+holds its site's traffic (no reset) until restored; a border taken off leaves the site direct again.
+
+The borders are set on the running platform (``insitu up --wan``'s path: the profile recorded, then ``up``), and
+taken off at the end so the tests after this one run on loopback as before.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from mlflow.tracking import MlflowClient
+from platform_helpers import shipped_training, start_retrain, wait_for_flow_run, write_training
+
+from deployments.platform import Platform
+from deployments.platform.health import prefect_headers
+from deployments.platform.wan_relay import stats_file
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+RTT_MS = 20.0
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+
+
+def _prefect_health(url: str, auth: str, timeout: float) -> bool:
+    try:
+        return httpx.get(f"{url}/health", headers=prefect_headers(auth), timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_a_job_crosses_every_border_and_a_cut_border_holds_its_site(deployed: Platform, shared_conf: Path,
+                                                                   signer: Any) -> None:
+    p = deployed
+    sites = p.sites.names
+    p.borders.record({s: {"rtt_ms": RTT_MS} for s in sites})
+    try:
+        started = p.up()["started"]
+        assert {f"wan-{s}" for s in sites} <= set(started), started
+        assert {f"worker-{p.work_pool(s)}" for s in sites} <= set(started), started  # restarted behind the border
+        for s in sites:  # the running worker's own environment: the control plane only through its relay
+            env = _environ(p.state["pids"][f"worker-{p.work_pool(s)}"])
+            assert env["PREFECT_API_URL"] == f"http://127.0.0.1:{p.state['ports'][f'wan-{s}-prefect']}/api"
+            assert env["INSITU_EXCHANGE_S3_ENDPOINT"].endswith(f":{p.state['ports'][f'wan-{s}-s3-exchange']}")
+            assert env[f"INSITU_{s.upper()}_S3_ENDPOINT"] == p.s3_endpoint(s)  # its own store stays inside
+
+        # ---- a small job across the borders, to a registered model
+        model = f"insitu-e2e-wan-{uuid.uuid4().hex[:6]}"
+        cfg = shipped_training(p.conf_dir, "fraud")
+        cfg.update(rounds=2, local_epochs=1, strategy="single", ranks_per_site=1, registry={"model_name": model})
+        training = write_training(shared_conf, f"e2e-wan-{uuid.uuid4().hex[:6]}", cfg).stem
+        job = f"e2e-wan-{uuid.uuid4().hex[:6]}"
+        run = wait_for_flow_run(start_retrain({"training": training, "dataset": "fraud", "job_id": job,
+                                               "request": signer(training, job)}), 900, poll_s=2)
+        assert run.state.is_completed(), run.state.message
+        (mv,) = MlflowClient(p.mlflow_url).search_model_versions(f"name = '{model}'")
+        assert mv.tags["job_id"] == job
+        for s in sites:  # every site's traffic to both servers crossed its relay
+            traffic = json.loads(stats_file(p.borders.config_file(s)).read_text())
+            for server in ("s3-exchange", "prefect"):
+                crossed = traffic[str(p.state["ports"][server])]
+                assert crossed["round_trips"] > 0 and crossed["up_bytes"] > 0, (s, server, crossed)
+
+        # ---- a cut border holds its site's requests (no reset) and delivers them once restored
+        relay_api = f"http://127.0.0.1:{p.state['ports']['wan-eu-prefect']}/api"
+        assert _prefect_health(relay_api, p.prefect_auth, 10)
+        p.borders.cut("eu")
+        assert not _prefect_health(relay_api, p.prefect_auth, 2)  # held: a timeout, not a refusal
+        assert _prefect_health(p.prefect_api_url, p.prefect_auth, 10)  # the control plane itself is up
+        assert _prefect_health(f"http://127.0.0.1:{p.state['ports']['wan-us-prefect']}/api", p.prefect_auth, 10)
+        p.borders.restore("eu")
+        assert _prefect_health(relay_api, p.prefect_auth, 10)
+    finally:
+        # ---- borders off: relays stopped, workers back on loopback
+        p.borders.record({s: None for s in sites})
+        p.up()
+    assert not any(p._processes.is_ours(f"wan-{s}") for s in sites)
+    for s in sites:
+        assert _environ(p.state["pids"][f"worker-{p.work_pool(s)}"])["PREFECT_API_URL"] == p.prefect_api_url
