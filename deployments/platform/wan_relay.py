@@ -240,6 +240,7 @@ class Relay:
         self.link = link
         self.servers: list[asyncio.Server] = []
         self.traffic = {target: Traffic() for _, _, target in routes}  # by target port
+        self._connecting: set[asyncio.Task[None]] = set()  # held: the loop keeps only weak references to tasks
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -253,7 +254,9 @@ class Relay:
         conn = Conn(self.traffic[target])
         conn.traffic.connections += 1
         client = Side(up, down, conn)
-        loop.create_task(self._connect(client, host, target, up, down, conn))
+        task = loop.create_task(self._connect(client, host, target, up, down, conn))
+        self._connecting.add(task)
+        task.add_done_callback(self._connecting.discard)
         return client
 
     async def _connect(self, client: Side, host: str, target: int, up: Direction, down: Direction,
