@@ -16,7 +16,7 @@ from typing import Any
 import mlflow
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from insitu.conf import JOB_ID_PATTERN, TrainingConfig, load_training, trusted_training
 from insitu.federated.aggregators import build_aggregator
@@ -62,8 +62,18 @@ from tasks.promotion import gate_and_promote
 from tasks.registration import Champion, Registration, load_champion, register_model
 
 
+def _in_declared_order(schema: dict[str, Any]) -> None:
+    """Number the form's fields in the order they are declared: on PostgreSQL Prefect keeps the parameter schema as
+    JSONB, which does not keep key order, and its UI orders a form's fields by ``position`` (it numbers a flow's
+    own parameters so, not a model's fields)."""
+    for i, prop in enumerate(schema.get("properties", {}).values()):
+        prop["position"] = i
+
+
 class RetrainParams(BaseModel):
     """What a user may set when triggering ``retrain`` (shown as a form in the Prefect UI)."""
+
+    model_config = ConfigDict(json_schema_extra=_in_declared_order)
 
     training: str = Field("fraud", description="training config: a name in conf/training/")
     dataset: str = Field("fraud", description="dataset in conf/datasets.yaml")

@@ -103,9 +103,14 @@ class Borders:
         """Does ``actor`` (a site) reach the control plane through a relay?"""
         return actor in self._sites.names and self.profile(actor) is not None  # type: ignore[operator]
 
-    def write_configs(self) -> None:
+    def write_configs(self) -> list[str]:
+        """Each relay's configuration; returns the sites whose configuration changed."""
+        changed = []
         for site in self.sites:
-            self.write_config(site)
+            before = self.config_file(site).read_text() if self.config_file(site).exists() else None
+            if self.write_config(site).read_text() != before:
+                changed.append(site)
+        return changed
 
     # ------------------------------------------------------------------ a running relay
     def _signal(self, site: str, sig: signal.Signals) -> None:

@@ -41,7 +41,9 @@ def bindir() -> Path | None:
         r = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, timeout=30)
         if r.returncode == 0:
             candidates.append(Path(r.stdout.strip()))
-    candidates += [Path(p) for p in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)]
+    versions = glob.glob("/usr/lib/postgresql/*/bin")
+    candidates += [Path(p) for p in sorted(versions, key=lambda p: int(Path(p).parent.name)
+                                           if Path(p).parent.name.isdigit() else 0, reverse=True)]
     found = shutil.which("postgres")
     if found:
         candidates.append(Path(found).resolve().parent)
@@ -76,7 +78,8 @@ def init_cluster(root: Path, account: Account, superuser_password: str) -> Path:
         raise PlatformError(f"{data} holds files but no PostgreSQL cluster (no PG_VERSION). Fix: move it away, "
                             "or wipe the platform's data (`insitu down --wipe`)")
     pwfile = root / "superuser.pw"
-    fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    pwfile.unlink(missing_ok=True)  # never follow what another user may have put in its place
+    fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(superuser_password + "\n")
     own(pwfile, account, 0o600)

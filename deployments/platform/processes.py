@@ -7,6 +7,7 @@ process) stops exactly those processes, and a PID the OS reused for something el
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import time
@@ -83,12 +84,43 @@ class Processes:
         """Is the process recorded for ``name`` still running (and the one we started)?"""
         return alive(self._pids.get(name), self._state.data.get("started", {}).get(name))
 
+    def leftovers(self, name: str) -> list[psutil.Process]:
+        """What is left of a component whose main process is gone: the processes of its session (each component
+        gets its own, led by its main process), started after it. A server whose main process crashed can leave its
+        worker processes serving on its port, so that a new one cannot bind it (MLflow's uvicorn worker does)."""
+        pid, started = self._pids.get(name), self._state.data.get("started", {}).get(name)
+        if not pid or self.is_ours(name) or psutil.pid_exists(pid):
+            return []  # running, never started, or its PID now someone else's: nothing of ours to find
+        left = []
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if os.getsid(p.pid) == pid and (started is None or p.create_time() >= started - 1.0):
+                    left.append(p)
+            except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
+                continue
+        return left
+
+    def reap(self, name: str) -> list[int]:
+        """Kill what is left of a crashed component (see :meth:`leftovers`); returns the PIDs killed."""
+        left = self.leftovers(name)
+        for p in left:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(left, timeout=10)
+        if left:
+            log.warning("%s had crashed; killed what it left running: %s", name, [p.pid for p in left])
+        return [p.pid for p in left]
+
     def ensure(self, comps: list[Component]) -> list[str]:
-        """Start those of ``comps`` not running, wait until all are healthy; returns the names started."""
+        """Start those of ``comps`` not running (after killing what a crashed one left), wait until all are healthy;
+        returns the names started."""
         started = []
         for c in comps:
             if self.is_ours(c.name):
                 continue
+            self.reap(c.name)
             self.start(c)
             started.append(c.name)
         self.wait(comps)
@@ -148,12 +180,14 @@ class Processes:
         return stopped
 
     def _stop_together(self, names: list[str], timeout: float) -> list[str]:
-        """SIGTERM the named processes and their children at once; SIGKILL what is left after ``timeout``."""
+        """Signal the named processes and their children at once (SIGTERM; PostgreSQL's postmaster alone, SIGINT);
+        SIGKILL what is left after ``timeout``; a crashed one's leftovers are killed."""
         procs: list[psutil.Process] = []
         signals: dict[int, signal.Signals | None] = {}  # None: not signalled
         stopped = []
         for name in sorted(names):
             if not self.is_ours(name):
+                self.reap(name)  # a crashed one's leftovers go too
                 continue
             try:
                 main = psutil.Process(self._pids[name])

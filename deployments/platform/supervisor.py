@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,7 @@ class Platform:
         self._refuse_an_older_platform()
         t0 = time.monotonic()
         self._layout.prepare_dirs()
+        self._state.save()  # before initdb: the superuser's password must be on record once the cluster has it
         self._layout.prepare_database()
         self._provisioning.mlflow_auth_config(self._components.mlflow_auth_uri())
         self._state.save()
@@ -114,7 +116,9 @@ class Platform:
     def _follow_borders(self, started: list[str]) -> None:
         """Each site's relay runs exactly when it has a WAN profile; a site whose border changed restarts its worker,
         which reaches the control plane through whatever the border now is."""
-        self._borders.write_configs()
+        for site in self._borders.write_configs():  # a running relay re-reads a profile that changed
+            if self._processes.is_ours(f"wan-{site}"):
+                os.kill(self.state["pids"][f"wan-{site}"], signal.SIGHUP)
         gone = [f"wan-{s}" for s in self.sites.names
                 if not self._borders.behind(s) and self._processes.is_ours(f"wan-{s}")]
         self._processes.stop(gone)

@@ -99,6 +99,8 @@ class Direction:
         self.timer: asyncio.TimerHandle | None = None
         self.eof = False  # the sender is done: end the receiver once the queue is delivered
         self.full_close = False  # ... by closing it (the sender's connection is gone), not by a half-close
+        self.finished = False  # the receiver has been ended
+        self.other: Direction | None = None  # the opposite direction of the same connection
         self.paused = False
 
     def send(self, data: bytes) -> None:
@@ -120,9 +122,15 @@ class Direction:
     def _finish(self) -> None:
         if self.dst is None or self.dst.is_closing():
             return
-        if not self.full_close and self.dst.can_write_eof():
+        self.finished = True
+        if self.full_close or not self.dst.can_write_eof() or (self.other is not None and self.other.finished):
+            self.dst.close()  # nothing more either way: close, do not leave it to the garbage collector
+            if self.src is not None and not self.src.is_closing() and (self.other is None or self.other.finished):
+                self.src.close()
+            return
+        try:
             self.dst.write_eof()
-        else:
+        except OSError:  # the receiver already went away
             self.dst.close()
 
     def _schedule(self) -> None:
@@ -140,6 +148,8 @@ class Direction:
             self.timer = None
         if self.queue:
             self._schedule()
+        elif self.eof and self.link.cut:  # an end is held by a cut like any byte
+            self.link.waiting.add(self)
         elif self.eof:
             self._finish()
 
@@ -151,7 +161,7 @@ class Direction:
         if self.link.cut:
             self.link.waiting.add(self)
             return
-        now = self.loop.time()
+        now = self.loop.time()  # (an end queued behind bytes leaves with the last of them)
         while self.queue and self.queue[0][0] <= now + 0.0005:
             _, data = self.queue.popleft()
             self.queued -= len(data)
@@ -159,6 +169,8 @@ class Direction:
         self._throttle()
         if self.queue:
             self._schedule()
+        elif self.eof and self.link.cut:  # an end is held by a cut like any byte
+            self.link.waiting.add(self)
         elif self.eof:
             self._finish()
 
@@ -251,6 +263,7 @@ class Relay:
     def _accept(self, host: str, target: int) -> Side:
         loop = asyncio.get_running_loop()
         up, down = Direction(self.link, "up", loop), Direction(self.link, "down", loop)
+        up.other, down.other = down, up
         conn = Conn(self.traffic[target])
         conn.traffic.connections += 1
         client = Side(up, down, conn)

@@ -50,6 +50,13 @@ def _objects(store: Store, prefix: str) -> dict[str, str]:
     return {p: hashlib.sha256(store.fs.cat_file(p)).hexdigest() for p in store.fs.find(prefix)}
 
 
+def _listing(store: Store, prefix: str) -> dict[str, tuple[int, str]]:
+    """Every object under ``prefix``: path → (size, ETag: the MD5 of its bytes), in one listing (hashing a whole
+    exchange object by object took minutes on CI: the kill then came after the job it was meant to interrupt)."""
+    store.fs.invalidate_cache()
+    return {p: (int(d["size"]), str(d.get("ETag"))) for p, d in store.fs.find(prefix, detail=True).items()}
+
+
 def _run(params: dict[str, Any], timeout: float = 900) -> Any:
     return wait_for_flow_run(start_retrain(params), timeout, poll_s=2)
 
@@ -109,10 +116,10 @@ def test_down_up_and_a_killed_store_lose_nothing(deployed: Platform, shared_conf
     run = start_retrain(params(second))
     wait_for_file(ex, f"{EXCHANGE}/jobs/{second}/weights/coordinator/round-0001.manifest.json", 600,
                   "round 0 of the new job was never aggregated")
-    acknowledged = _objects(ex, f"{EXCHANGE}/")
+    acknowledged = _listing(ex, f"{EXCHANGE}/")
     os.kill(deployed.state["pids"]["s3-exchange"], signal.SIGKILL)
     assert deployed.up()["started"] == ["s3-exchange"]  # same keys: no worker, no Dask restarted
-    after = _objects(coordinator_exchange(deployed), f"{EXCHANGE}/")
+    after = _listing(coordinator_exchange(deployed), f"{EXCHANGE}/")
     assert not sorted(set(acknowledged) - set(after))  # the job goes on writing; nothing it wrote is gone
     # and what nothing writes again (earlier jobs' objects, anchors) is byte for byte what was acknowledged
     fixed = [p for p in acknowledged if f"/jobs/{second}/" not in p]

@@ -13,6 +13,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from platform_helpers import RETRAIN, wait_for_flow_run
@@ -56,10 +57,20 @@ def test_custom_run_from_the_ui_form_completes(deployed: Platform, tmp_path: Pat
             # the pydantic RetrainParams model is rendered as a validated form
             for label in ("Training (Optional)", "Rounds (Optional)", "Local Epochs (Optional)"):
                 page.wait_for_selector(f"text={label}", state="visible", timeout=15_000)
-            page.get_by_role("button", name="str", exact=True).first.click()   # Job Id: set a string
-            page.get_by_role("button", name="int", exact=True).first.click()   # Rounds: set an int
-            page.locator("textarea").nth(2).fill(job_id)
-            page.locator("input[type=number]").first.fill("1")
+            # Fields are found by their label, not their place: the form's order is the schema's ``position``.
+            labels = page.locator(".schema-form-property .p-label__header").all_inner_texts()
+            assert [t.strip() for t in labels if t.strip()][1:4] == ["Training (Optional)", "Dataset (Optional)",
+                                                                     "Job Id (Optional)"], labels
+
+            def field(label: str) -> Any:
+                return page.locator(".schema-form-property").filter(
+                    has=page.locator(":scope > .p-label__header", has_text=label))
+
+            job_field, rounds_field = field("Job Id (Optional)"), field("Rounds (Optional)")
+            job_field.get_by_role("button", name="str", exact=True).click()  # Job Id: set a string
+            job_field.locator("textarea").fill(job_id)
+            rounds_field.get_by_role("button", name="int", exact=True).click()  # Rounds: set an int
+            rounds_field.locator("input[type=number]").fill("1")
             page.screenshot(path=str(tmp_path / "form.png"), full_page=True)
             for attempt in range(3):
                 with page.expect_response(lambda r: "create_flow_run" in r.url, timeout=60_000) as answer:
