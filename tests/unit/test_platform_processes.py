@@ -61,3 +61,23 @@ def test_a_component_never_healthy_fails_after_its_timeout(tmp_path: Path) -> No
             procs.ensure([_sleeper("slow", healthy=False, timeout=1)])
     finally:
         procs.stop(["slow"], timeout=5)
+
+
+def test_what_a_crashed_component_left_running_is_killed_before_it_starts_again(tmp_path: Path) -> None:
+    import signal
+
+    procs, state = _processes(tmp_path)
+    # a server whose worker process outlives it (as MLflow's uvicorn worker does when its main process is killed)
+    server = Component("mlflow-server", ["sh", "-c", "sleep 60 & wait"], ENV, lambda: True, timeout=5)
+    try:
+        procs.ensure([server])
+        main = psutil.Process(state.data["pids"]["mlflow-server"])
+        (worker,) = main.children()
+        main.send_signal(signal.SIGKILL)
+        main.wait(5)
+        assert worker.is_running() and procs.leftovers("mlflow-server") == [worker]
+        assert procs.ensure([server]) == ["mlflow-server"]
+        assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+        assert procs.is_ours("mlflow-server")
+    finally:
+        procs.stop(list(state.data["pids"]), timeout=5)
