@@ -58,9 +58,8 @@ def test_custom_run_from_the_ui_form_completes(deployed: Platform, tmp_path: Pat
             for label in ("Training (Optional)", "Rounds (Optional)", "Local Epochs (Optional)"):
                 page.wait_for_selector(f"text={label}", state="visible", timeout=15_000)
             # Fields are found by their label, not their place: the form's order is the schema's ``position``.
-            labels = page.locator(".schema-form-property .p-label__header").all_inner_texts()
-            assert [t.strip() for t in labels if t.strip()][1:4] == ["Training (Optional)", "Dataset (Optional)",
-                                                                     "Job Id (Optional)"], labels
+            labels = [t.strip() for t in page.locator(".schema-form-property__label").all_inner_texts()]
+            assert labels[1:4] == ["Training (Optional)", "Dataset (Optional)", "Job Id (Optional)"], labels
 
             def field(label: str) -> Any:
                 return page.locator(".schema-form-property").filter(
