@@ -16,9 +16,9 @@ from typing import Any
 import mlflow
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
-from pydantic import BaseModel, ConfigDict, Field
 
-from insitu.conf import JOB_ID_PATTERN, TrainingConfig, load_training, trusted_training
+from flows.forms import RetrainParams
+from insitu.conf import TrainingConfig, load_training, trusted_training
 from insitu.federated.aggregators import build_aggregator
 from insitu.federated.asynchronous import update_limit
 from insitu.federated.coordinator import RoundsOutcome, run_rounds
@@ -60,32 +60,6 @@ from tasks.mlflow_runs import (
 )
 from tasks.promotion import gate_and_promote
 from tasks.registration import Champion, Registration, load_champion, register_model
-
-
-def _in_declared_order(schema: dict[str, Any]) -> None:
-    """Number the form's fields in the order they are declared: on PostgreSQL Prefect keeps the parameter schema as
-    JSONB, which does not keep key order, and its UI orders a form's fields by ``position`` (it numbers a flow's
-    own parameters so, not a model's fields)."""
-    for i, prop in enumerate(schema.get("properties", {}).values()):
-        prop["position"] = i
-
-
-class RetrainParams(BaseModel):
-    """What a user may set when triggering ``retrain`` (shown as a form in the Prefect UI)."""
-
-    model_config = ConfigDict(json_schema_extra=_in_declared_order)
-
-    training: str = Field("fraud", description="training config: a name in conf/training/")
-    dataset: str = Field("fraud", description="dataset in conf/datasets.yaml")
-    job_id: str | None = Field(None, pattern=JOB_ID_PATTERN,
-                               description="reuse to resume a job; empty for a new one")
-    rounds: int | None = Field(None, ge=1, le=1000, description="override the config's rounds")
-    local_epochs: int | None = Field(None, ge=1, le=100, description="override the config's local epochs")
-    batch_size: int | None = Field(None, ge=1, le=1_000_000, description="override the config's batch size")
-    phase_timeout_s: float = Field(1800, gt=0, description="give up on a phase after this long")
-    request: dict[str, Any] | None = Field(
-        None, description="a job request signed by a principal (`insitu run --as NAME`); empty: use the standing "
-                          "approval of this training and dataset (`insitu approve --as NAME`)")
 
 
 @dataclass
