@@ -16,6 +16,7 @@ import argparse
 import json
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -27,6 +28,9 @@ import httpx
 
 from deployments.platform import REPO, Platform
 from deployments.platform.health import prefect_headers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.demo_job import prefect_at, seed_and_deploy, start_demo_job, wait_final  # noqa: E402
 
 
 def summarize(latencies_ms: list[float]) -> dict[str, float | int]:
@@ -76,14 +80,6 @@ class Probe(threading.Thread):
 
 
 def measure(database: str, rows: int, rounds: int, jobs: int) -> dict[str, Any]:
-    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, PREFECT_HOME, temporary_settings
-
-    from deployments.deploy import deploy_all
-    from insitu.conf import load_conf, load_datasets
-    from insitu.data.seed import seed
-    from insitu.governance.approvals import save_approval
-    from insitu.governance.request import parse_signed, sign_for
-
     state = Path(tempfile.mkdtemp(prefix=f"insitu-bench-{database}-"))
     p = Platform(state, REPO / "conf", free_ports=True, database=database)
     out: dict[str, Any] = {"database": database, "rows_per_site": rows, "rounds": rounds, "jobs_at_once": jobs}
@@ -93,38 +89,15 @@ def measure(database: str, rows: int, rounds: int, jobs: int) -> dict[str, Any]:
         p.down()
         out["start_warm_s"] = round(p.up()["seconds"], 1)
         p.apply_env()
-        with temporary_settings({PREFECT_API_URL: p.prefect_api_url, PREFECT_API_AUTH_STRING: p.prefect_auth,
-                                 PREFECT_HOME: str(p.dir / "prefect-client")}):
-            from prefect.client.orchestration import get_client
-
-            conf = load_conf("fraud", directory=p.conf_dir)
-            seed(conf, rows_per_site=rows)
-            deploy_all(conf.sites, load_datasets(p.conf_dir / "datasets.yaml"))
-            save_approval(p.approvals_dir, parse_signed(sign_for(
-                p.principal_key_file("alice"), "alice", "fraud", "fraud", "fraud-detection",
-                conf_directory=p.conf_dir, override_bounds={"rounds": {"min": 1, "max": 20}})))
+        with prefect_at(p):
+            seed_and_deploy(p, rows)
             probe = Probe(p.prefect_api_url, p.prefect_auth)
             probe.start()
             time.sleep(5)  # the idle platform's latency first
             idle = (summarize(probe.read_ms), summarize(probe.write_ms))
             n_read, n_write = len(probe.read_ms), len(probe.write_ms)
             t0 = time.monotonic()
-            with get_client(sync_client=True) as c:
-                dep = c.read_deployment_by_name("retrain/coordinator")
-                ids = []
-                for _ in range(jobs):
-                    job = f"bench-cp-{uuid.uuid4().hex[:6]}"
-                    request = sign_for(p.principal_key_file("alice"), "alice", "fraud", "fraud", "fraud-detection",
-                                       job_id=job, overrides={"rounds": rounds},
-                                       conf_directory=p.conf_dir).model_dump(mode="json")
-                    params = {"training": "fraud", "dataset": "fraud", "job_id": job, "rounds": rounds,
-                              "request": request}
-                    ids.append(c.create_flow_run_from_deployment(dep.id, parameters={"params": params}).id)
-                while True:
-                    runs = [c.read_flow_run(i) for i in ids]
-                    if all(r.state and r.state.is_final() for r in runs):
-                        break
-                    time.sleep(2)
+            runs = wait_final([start_demo_job(p, rounds, "bench-cp") for _ in range(jobs)])
             probe.stop.set()
             probe.join()
             out["jobs_wall_s"] = round(time.monotonic() - t0, 1)

@@ -24,7 +24,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -146,14 +145,9 @@ def _traffic(p: Any) -> dict[str, dict[str, dict[str, int]]]:
 
 
 def jobs(rows: int, rounds: int, profiles: list[tuple[str, dict[str, float]]]) -> list[dict[str, Any]]:
-    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, PREFECT_HOME, temporary_settings
-
+    from bench.demo_job import prefect_at, seed_and_deploy, start_demo_job, wait_final
     from bench.pipeline_overhead import analyse
-    from deployments.deploy import deploy_all
     from deployments.platform import REPO, Platform
-    from insitu.conf import load_conf, load_datasets
-    from insitu.data.seed import seed
-    from insitu.governance.request import sign_for
 
     state = Path(tempfile.mkdtemp(prefix="insitu-wan-bench-"))
     p = Platform(state, REPO / "conf", free_ports=True)
@@ -163,30 +157,16 @@ def jobs(rows: int, rounds: int, profiles: list[tuple[str, dict[str, float]]]) -
         p.apply_env()
         p.up()
         p.apply_env()
-        with temporary_settings({PREFECT_API_URL: p.prefect_api_url, PREFECT_API_AUTH_STRING: p.prefect_auth,
-                                 PREFECT_HOME: str(p.dir / "prefect-client")}):
-            from prefect.client.orchestration import get_client
-
-            conf = load_conf("fraud", directory=p.conf_dir)
-            seed(conf, rows_per_site=rows)
-            deploy_all(conf.sites, load_datasets(p.conf_dir / "datasets.yaml"))
+        with prefect_at(p):
+            seed_and_deploy(p, rows)
             ports = {str(p.state["ports"][k]): k for k in ("s3-exchange", "prefect")}
             for label, profile in profiles:
                 for s in p.sites.names:
                     p.borders.set(s, profile)
                 time.sleep(1.5)  # the relays' counters are rewritten every second
                 before = _traffic(p)
-                job = f"bench-wan-{uuid.uuid4().hex[:6]}"
-                request = sign_for(p.principal_key_file("alice"), "alice", "fraud", "fraud", "fraud-detection",
-                                   job_id=job, overrides={"rounds": rounds},
-                                   conf_directory=p.conf_dir).model_dump(mode="json")
-                with get_client(sync_client=True) as c:
-                    dep = c.read_deployment_by_name("retrain/coordinator")
-                    fid = c.create_flow_run_from_deployment(dep.id, parameters={"params": {
-                        "training": "fraud", "dataset": "fraud", "job_id": job, "rounds": rounds,
-                        "request": request}}).id
-                    while not (fr := c.read_flow_run(fid)).state.is_final():
-                        time.sleep(2)
+                fid = start_demo_job(p, rounds, "bench-wan")
+                (fr,) = wait_final([fid])
                 time.sleep(1.5)
                 after = _traffic(p)
                 row: dict[str, Any] = {"profile": label, "state": fr.state_name}

@@ -52,19 +52,21 @@ def wan_set(
     console.print(f"{site}'s border now: {now}")
 
 
-def wan_cut(site: Site, state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) -> None:
-    """Cut the site off the control plane: every byte both ways is held (no reset) until `insitu wan restore`."""
+def _signal(site: str, state_dir: StateDir, conf: ConfDir, cut: bool) -> None:
+    borders = open_platform(state_dir, conf).borders
     try:
-        open_platform(state_dir, conf).borders.cut(site)
+        borders.cut(site) if cut else borders.restore(site)
     except PlatformError as e:
         _fail(e)
+
+
+def wan_cut(site: Site, state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) -> None:
+    """Cut the site off the control plane: every byte both ways is held (no reset) until `insitu wan restore`."""
+    _signal(site, state_dir, conf, cut=True)
     console.print(f"{site}'s border is cut; `insitu wan restore {site}` puts it back")
 
 
 def wan_restore(site: Site, state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) -> None:
     """Restore a cut border: what was held is delivered, late."""
-    try:
-        open_platform(state_dir, conf).borders.restore(site)
-    except PlatformError as e:
-        _fail(e)
+    _signal(site, state_dir, conf, cut=False)
     console.print(f"{site}'s border is restored")

@@ -161,18 +161,13 @@ class Direction:
         if self.link.cut:
             self.link.waiting.add(self)
             return
-        now = self.loop.time()  # (an end queued behind bytes leaves with the last of them)
+        now = self.loop.time()
         while self.queue and self.queue[0][0] <= now + 0.0005:
             _, data = self.queue.popleft()
             self.queued -= len(data)
             self.dst.write(data)
         self._throttle()
-        if self.queue:
-            self._schedule()
-        elif self.eof and self.link.cut:  # an end is held by a cut like any byte
-            self.link.waiting.add(self)
-        elif self.eof:
-            self._finish()
+        self.flush()  # the rest when due; the end once nothing is left
 
     def _throttle(self) -> None:
         """Pause the sender while too much is queued or buffered towards a slow receiver; resume below half."""
