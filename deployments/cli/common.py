@@ -66,6 +66,23 @@ def require_up(p: Platform) -> None:
     p.apply_env()
 
 
+def inside_site(p: Platform, site: str) -> bool:
+    """On an isolated platform a site's store is on the site's own network: run this very command again inside the
+    site's namespace (as its admin would on the site's host) and exit with its status. Returns False where the
+    command can go on here (one network, or already inside)."""
+    import subprocess
+
+    from deployments.platform.netns import inside
+
+    if p.network is None or inside(p.network.ns(site)):
+        return False
+    with p.within(site):
+        code = subprocess.call([sys.executable, "-m", "deployments.cli", *sys.argv[1:]],
+                               env={**p.operator_env(), "INSITU_HOME": str(p.dir), "INSITU_CONF": str(p.conf_dir)},
+                               cwd=str(REPO))
+    raise typer.Exit(code)
+
+
 def print_urls(p: Platform) -> None:
     console.print(f"Prefect UI: [link]{p.prefect_ui_url}[/link]   MLflow UI: [link]{p.mlflow_url}[/link]   "
                   f"state: {p.dir}   control plane on {p.database}   (both ask for a login: `insitu credentials`)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -15,10 +16,12 @@ from deployments.cli.common import (
     ConfDir,
     StateDir,
     console,
+    inside_site,
     open_platform,
     quiet_logs,
     require_up,
 )
+from deployments.platform.site_side import run_in_site
 from insitu.job import load_job
 
 
@@ -34,6 +37,8 @@ def seed(
     training: Annotated[str | None, typer.Option(
         help="a training config the dataset must load with (default: the one named like the dataset); "
              "only checked, seeding trains nothing")] = None,
+    site: Annotated[list[str], typer.Option(help="only this site's store (repeat for more; default: every site)")]
+    = [],  # noqa: B006
 ) -> None:
     """Write an example dataset into each site's own store: `fraud` (synthetic, non-IID card transactions, with
     malformed rows and an unreadable shard on purpose), `digits` (handwritten digits, each site holding mostly
@@ -49,7 +54,21 @@ def seed(
     require_up(p)
     # The pair must load together, so that what is seeded can be trained on as configured.
     c = load_job(training or dataset, dataset, directory=conf).conf
-    out = do_seed(c, rows, random_seed, None if corrupt_shard == "none" else corrupt_shard)
+    bad = next((s for s in site if s not in c.sites.names), None)
+    if bad is not None:
+        raise typer.BadParameter(f"unknown site {bad[:40]!r}: conf/sites.yaml defines {c.sites.names}",
+                                 param_hint="--site")
+    if p.network is not None and len(site) != 1:  # isolated: each store from inside its own site
+        code = 0
+        again = [sys.executable, "-m", "deployments.cli", "seed", "--state-dir", str(state_dir), "--conf",
+                 str(conf), "--rows", str(rows), "--seed", str(random_seed), "--corrupt-shard", corrupt_shard,
+                 "--dataset", dataset, *(["--training", training] if training else [])]
+        for s in site or c.sites.names:
+            code = max(code, run_in_site(p, s, [*again, "--site", s]).returncode)
+        raise typer.Exit(code)
+    if site and inside_site(p, site[0]):
+        return
+    out = do_seed(c, rows, random_seed, None if corrupt_shard == "none" else corrupt_shard, sites=site or None)
     t = Table("shard", "site", "rows", "malformed rows", "unreadable")
     for sid, v in out.items():
         t.add_row(sid, v["site"], str(v["rows"]), str(v["malformed"]), "yes" if v["unreadable"] else "")
@@ -68,6 +87,8 @@ def data_put(
     site_store.check_site(p, site)
     site_store.check_key(key or f"raw/{file.name}")
     require_up(p)
+    if inside_site(p, site):
+        return
     console.print(f"{file} → {site_store.put(p, site, file, key)}")
 
 
@@ -81,6 +102,8 @@ def data_ls(
     p = open_platform(state_dir, conf)
     site_store.check_site(p, site)
     require_up(p)
+    if inside_site(p, site):
+        return
     t = Table("key", "bytes", title=f"site {site}'s store")
     for name, size in site_store.ls(p, site, prefix):
         t.add_row(name, f"{size:,}")

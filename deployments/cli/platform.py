@@ -41,6 +41,10 @@ def up(
     wan: Annotated[list[str], typer.Option(
         help="a site's WAN profile, over its sites.yaml entry: SITE:rtt_ms=80,mbit=50,loss=0.001 (SITE: alone: a "
              "relay at no cost); kept for later `up`s, changed with `insitu wan set`")] = [],  # noqa: B006
+    isolated: Annotated[bool | None, typer.Option(
+        "--isolated/--one-network",
+        help="root only: the control plane and each site on a network of its own (Linux network namespaces, one "
+             "link per site's border; docs/operations.md); kept for later `up`s")] = None,
 ) -> None:
     """Start (or reuse) the local multi-site platform and wait until every part is healthy."""
     from deployments.platform.border import parse_profile
@@ -49,7 +53,8 @@ def up(
     ports = {k: int(v) for k, v in (x.split("=", 1) for x in port)}
     try:
         profiles = dict(parse_profile(w) for w in wan)
-        p = Platform(state_dir, conf, ports=ports, free_ports=free_ports, database=database, wan=profiles)
+        p = Platform(state_dir, conf, ports=ports, free_ports=free_ports, database=database, wan=profiles,
+                     isolated=isolated)
         p.apply_env()
         with console.status("starting the local platform (Prefect, MLflow, S3 per site, Dask per site, workers)…"):
             res = p.up()
@@ -67,7 +72,9 @@ def print_store_checks(p: Platform) -> None:
     """One line per store: is what the audit logs refer to still there (``platform.consistency``)."""
     from rich.markup import escape
 
-    for c in p.check_stores():
+    from deployments.platform.site_side import check_stores
+
+    for c in check_stores(p):
         colour = "green" if c.ok else "red"
         console.print(f"[{colour}]{escape(c.line())}[/{colour}]", soft_wrap=True)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +49,13 @@ def parse_profile(text: str) -> tuple[str, dict[str, float] | None]:
 class Borders:
     """Which sites have a relay, with which profile, on which ports; and the operator's controls of a running one."""
 
-    def __init__(self, sites: SitesConfig, state: PlatformState, wan_dir: Path) -> None:
+    def __init__(self, sites: SitesConfig, state: PlatformState, wan_dir: Path,
+                 listen_host: Callable[[str], str] = lambda site: "127.0.0.1") -> None:
         self._sites = sites
         self._state = state
         self._dir = wan_dir
+        # Where a site's relay listens: loopback, or (isolated) the control plane's end of that site's border only.
+        self.listen_host = listen_host
 
     def record(self, overrides: dict[str, dict[str, float] | None]) -> None:
         """Keep profiles given on the command line (they win over ``sites.yaml`` until changed again); ``None``: no
@@ -95,7 +99,7 @@ class Borders:
         self._dir.mkdir(parents=True, exist_ok=True)
         path = self.config_file(site)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"listen": routes, "wan": profile.model_dump()}))
+        tmp.write_text(json.dumps({"listen": routes, "bind": self.listen_host(site), "wan": profile.model_dump()}))
         os.replace(tmp, path)
         return path
 

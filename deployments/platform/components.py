@@ -28,6 +28,7 @@ from deployments.platform.health import (
     tcp_ok,
     worker_online,
 )
+from deployments.platform.netns import CONTROL
 from deployments.platform.paths import REPO, PlatformPaths
 from deployments.platform.processes import Component
 from deployments.platform.provision import s3_policies
@@ -56,6 +57,14 @@ class Components:
         self._urls = endpoints
         self._envs = envs
 
+    def netns(self, actor: str | None) -> str | None:
+        """The network namespace ``actor``'s processes run in on an isolated platform: a site's own, the control
+        plane's for the coordinator and the servers (``actor`` None); none on one network."""
+        net = self._urls.net
+        if net is None:
+            return None
+        return net.ns(CONTROL if actor in (None, COORDINATOR) else actor)  # type: ignore[arg-type]
+
     def all(self) -> list[Component]:
         """Every component in start order, the workers last."""
         return self.audit() + self.database() + self.servers() + self.borders() + self.dask() + self.workers()
@@ -68,7 +77,7 @@ class Components:
                           lambda a=a: audit_ok(p.audit_socket(a), a, p.audit_log(a),
                                                service_public_hex(self._state.audit_signing_key(a))),
                           timeout=60,
-                          account=self._actors.audit_account())
+                          account=self._actors.audit_account(), netns=self.netns(a))
                 for a in self._actors.names]
 
     def database(self) -> list[Component]:
@@ -82,7 +91,8 @@ class Components:
         return [Component("postgres", postgres.server_command(data, port),
                           {**self._envs.base(), "HOME": str(self._paths.postgres_dir), "USER": account.name,
                            "TMPDIR": str(self._paths.postgres_dir), "LANG": "C"},
-                          lambda: postgres.healthy(port, superuser), timeout=120, account=account)]
+                          lambda: postgres.healthy(port, superuser), timeout=120, account=account,
+                          netns=self.netns(None))]
 
     def servers(self) -> list[Component]:
         """The control plane (run as the caller) and the clouds' endpoints (each its store's own user); never
@@ -97,13 +107,13 @@ class Components:
         api = self._urls.prefect_api_url
         return Component(
             "prefect-server",
-            [console_script("prefect"), "server", "start", "--host", "127.0.0.1", "--port",
+            [console_script("prefect"), "server", "start", "--host", self._urls.bind_host, "--port",
              str(self._urls.port("prefect")), "--analytics-off"],
             {**self._envs.base(), "PREFECT_HOME": str(self._paths.prefect_server_home),
              "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": api, "PREFECT_API_URL": api,
              "PREFECT_SERVER_API_AUTH_STRING": self._state.prefect_auth, **self._prefect_database()},
             lambda: http_ok(self._urls.prefect_api_url + "/health"),
-            timeout=120,
+            timeout=120, netns=self.netns(None),
         )
 
     def _prefect_database(self) -> dict[str, str]:
@@ -136,7 +146,7 @@ class Components:
             else {}
         return Component(
             "mlflow-server",
-            [console_script("mlflow"), "server", "--app-name", "basic-auth", "--host", "127.0.0.1",
+            [console_script("mlflow"), "server", "--app-name", "basic-auth", "--host", self._urls.bind_host,
              "--port", str(self._urls.port("mlflow")), "--workers", "1",
              "--backend-store-uri", self.mlflow_backend_uri(),
              "--artifacts-destination", str(d / "artifacts"), "--enable-workspaces"],
@@ -144,7 +154,7 @@ class Components:
              "MLFLOW_AUTH_CONFIG_PATH": str(self._paths.mlflow_auth_ini),
              "MLFLOW_FLASK_SERVER_SECRET_KEY": self._state.mlflow_password("flask-secret"), **password},
             lambda: http_ok(self._urls.mlflow_url + "/health"),
-            timeout=120,
+            timeout=120, netns=self.netns(None),
         )
 
     def _s3_server(self, server: str) -> Component:
@@ -157,20 +167,25 @@ class Components:
         # anchors write-once (s3_keep).
         write_once = ["--write-once", f"{ANCHORS}/"] if server == "exchange" else []
         data, account = self._paths.store_dir(server), self._actors.store_account(server)
-        return Component(f"s3-{server}", [sys.executable, "-m", "deployments.platform.s3", "--port", str(port),
-                                          "--data", str(data), *write_once],
+        # The exchange serves every border; a site's store its own site alone, on that site's loopback.
+        where = None if server == "exchange" else server
+        host = self._urls.bind_host if server == "exchange" else "127.0.0.1"
+        return Component(f"s3-{server}", [sys.executable, "-m", "deployments.platform.s3", "--host", host,
+                                          "--port", str(port), "--data", str(data), *write_once],
                          {**self._envs.base(), "INITIAL_NO_AUTH_ACTION_COUNT": str(no_auth_action_count(users)),
                           "HOME": str(data), "TMPDIR": str(data / "tmp"), "USER": account.name},
-                         lambda p=port: tcp_ok(p), extra={"s3": server}, account=account)
+                         lambda p=port: tcp_ok(p), extra={"s3": server}, account=account, netns=self.netns(where))
 
     def borders(self) -> list[Component]:
         """A relay per site that has a WAN profile: its border to the control plane (``platform.border``)."""
         comps = []
         for site in self._borders.sites:
             ports = [self._borders.port(site, server) for server in CROSSING]
+            host = self._borders.listen_host(site)
             comps.append(Component(f"wan-{site}", [sys.executable, "-m", "deployments.platform.wan_relay", "--config",
                                                    str(self._borders.config_file(site))],
-                                   self._envs.base(), lambda ports=ports: all(tcp_ok(p) for p in ports), timeout=30))
+                                   self._envs.base(), lambda ports=ports, h=host: all(tcp_ok(p, h) for p in ports),
+                                   timeout=30, netns=self.netns(None)))
         return comps
 
     def dask(self) -> list[Component]:
@@ -189,7 +204,7 @@ class Components:
                          # The scheduler unpickles the task graphs (a rank's TrainSpec holds the training config):
                          # it must import the same checkout as the workers, not whichever one is installed.
                          {**self._envs.dask(site), "PYTHONPATH": str(REPO)}, lambda p=port: tcp_ok(p),
-                         account=self._actors.account(site))
+                         account=self._actors.account(site), netns=self.netns(site))
 
     def _dask_workers(self, site: str, n: int) -> Component:
         address = self._urls.dask_address(site)
@@ -203,7 +218,7 @@ class Components:
                          # user's model module kept there (examples/models.py) is importable by every rank.
                          {**self._envs.dask(site), "PYTHONPATH": str(REPO)},
                          lambda: dask_workers_ok(self._urls.dask_address(site), self._paths.tls_dir(site), n),
-                         account=self._actors.account(site))
+                         account=self._actors.account(site), netns=self.netns(site))
 
     def workers(self) -> list[Component]:
         """One insitu worker per work pool, each with its actor's environment, as its actor's user."""
@@ -216,7 +231,8 @@ class Components:
             f"worker-{pool}",
             [sys.executable, "-m", "deployments.worker", "--pool", pool, "--name", f"{pool}-worker"],
             env,
-            lambda: worker_online(self._urls.prefect_api_url, prefect_headers(self._state.prefect_auth), pool),
+            lambda: worker_online(self._urls.prefect_api_url_for(actor), prefect_headers(self._state.prefect_auth),
+                                  pool),
             timeout=90,
-            account=self._actors.account(actor),
+            account=self._actors.account(actor), netns=self.netns(actor),
         )

@@ -124,15 +124,17 @@ class Environments:
         """A site's Dask scheduler and workers read that site's store only."""
         # Dask's statistical profiler samples the running thread every 10 ms and takes the GIL to do it:
         # it cost 15-20% of DDP training throughput (bench/ddp_overhead.py).
+        # On an isolated platform a site's namespace has its loopback and its border: gloo's peers meet on the first.
+        gloo = {"GLOO_SOCKET_IFNAME": "lo"} if self._urls.net is not None else {}
         return {**self.base(site), **self.store(site, site), **self.dask_tls(site),
-                "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False"}
+                "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False", **gloo}
 
     def coordinator(self) -> dict[str, str]:
         return {
             **self.base(COORDINATOR),
             **self.prefect(COORDINATOR),
             **self.store("exchange", COORDINATOR),
-            "MLFLOW_TRACKING_URI": self._urls.mlflow_url,
+            "MLFLOW_TRACKING_URI": self._urls.mlflow_url_for(COORDINATOR),
             "MLFLOW_TRACKING_USERNAME": COORDINATOR,
             "MLFLOW_TRACKING_PASSWORD": self._state.mlflow_password(COORDINATOR),
             ENV_IDENTITY: str(self._paths.identity_file(COORDINATOR)),
@@ -144,6 +146,8 @@ class Environments:
         """The local operator (CLI, tests): seeds each site's store with that site's keys, reads the
         exchange with the coordinator's, reads MLflow (never writes it), and reaches the Prefect API."""
         env = {**self.base(), **self.prefect(), **self.store("exchange", COORDINATOR)}
+        if self._sites.exchange.endpoint_env:  # the coordinator's keys, from where the operator is (the host)
+            env[self._sites.exchange.endpoint_env] = self._urls.s3_endpoint("exchange")
         for s in self._sites.names:
             env.update(self.store(s, s))
             env[self._sites.site(s).dask.scheduler_env] = self._urls.dask_address(s)

@@ -17,10 +17,10 @@ def http_ok(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def tcp_ok(port: int) -> bool:
+def tcp_ok(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         s.settimeout(1.0)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+        return s.connect_ex((host, port)) == 0
 
 
 def audit_ok(socket_path: Path, actor: str, log: Path, service_key: str | None = None) -> bool:

@@ -13,6 +13,8 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from deployments.platform.actors import COORDINATOR, Actors
@@ -105,16 +107,22 @@ class Layout:
                         admins=self._principals.site_admins(actor) if site else {},
                         **self.admin.identity_fields(actor))  # type: ignore[arg-type]
 
-    def install_default_policies(self) -> None:
-        """The platform's default policy for each site that has none yet (once its audit service runs)."""
+    def install_default_policies(self, within: Callable[[str], AbstractContextManager[Any]] | None = None) -> None:
+        """The platform's default policy for each site that has none yet (once its audit service runs), each from
+        ``within(site)`` (an isolated site's audit service is reachable from its own namespace only)."""
         for site in self._actors.sites.names:
-            admins = self._principals.site_admins(site)
-            if site in self._legacy_policies:  # the policy a site admin applied before its admin owned it
-                try:
-                    self.admin.install_policy(site, self._legacy_policies.pop(site), admins, replace=False)
-                except PlatformError as e:  # refused and audited: the default below takes its place
-                    log.warning("the policy of %s from an older platform was not kept: %s", site, e)
-            self.admin.install_policy(site, self._principals.default_policy(site), admins, replace=False)
+            with (within or (lambda _: nullcontext()))(site):
+                self.install_default_policy(site)
+
+    def install_default_policy(self, site: str) -> None:
+        """The platform's default policy for ``site`` if it has none yet (or the one an older platform kept)."""
+        admins = self._principals.site_admins(site)
+        if site in self._legacy_policies:  # the policy a site admin applied before its admin owned it
+            try:
+                self.admin.install_policy(site, self._legacy_policies.pop(site), admins, replace=False)
+            except PlatformError as e:  # refused and audited: the default below takes its place
+                log.warning("the policy of %s from an older platform was not kept: %s", site, e)
+        self.admin.install_policy(site, self._principals.default_policy(site), admins, replace=False)
 
     def install_policy(self, site: str, signed_policy: str) -> None:
         """Install a signed policy as the site's admin: refused (and audited) unless the site would accept it

@@ -26,6 +26,9 @@ class PlatformPaths:
     """The layout of one platform's state directory ``root``."""
 
     root: Path
+    # On an isolated platform each audit service listens on an abstract socket named with this tag, in its actor's
+    # network namespace (``platform.netns``); else on a file in the audit directory.
+    abstract_audit: str | None = None
 
     @property
     def state_file(self) -> Path:
@@ -98,6 +101,8 @@ class PlatformPaths:
         return self.audit_dir / actor / f"{actor}.jsonl"
 
     def audit_socket(self, actor: str) -> Path:
+        if self.abstract_audit:
+            return Path(f"@insitu-{self.abstract_audit}-audit-{actor}")
         return self.audit_dir / f"{actor}.sock"
 
     @property

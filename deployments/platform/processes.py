@@ -38,6 +38,14 @@ class Component:
     timeout: float = 90.0
     account: Account | None = None  # run as this OS user (None: as the caller)
     extra: dict[str, Any] = field(default_factory=dict)
+    netns: str | None = None  # run in this network namespace (an isolated platform's; None: the caller's)
+
+    def is_healthy(self) -> bool:
+        """Its health probe, asked from inside its own namespace (where its loopback servers are)."""
+        from deployments.platform.netns import entered
+
+        with entered(self.netns):
+            return self.healthy()
 
 
 def alive(pid: int | None, created: float | None = None) -> bool:
@@ -133,9 +141,13 @@ class Processes:
         as_user: dict[str, Any] = {}
         if comp.account is not None and not comp.account.is_current:
             as_user = {"user": comp.account.uid, "group": comp.account.gid, "extra_groups": []}
-        # A new session per component: signals reach it (and only it), and down() can stop its group.
-        proc = subprocess.Popen(comp.command, env=comp.env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=str(REPO), start_new_session=True, **as_user)
+        # A new session per component: signals reach it (and only it), and down() can stop its group. Started from
+        # inside its namespace, it is born there (with everything it starts).
+        from deployments.platform.netns import entered
+
+        with entered(comp.netns):
+            proc = subprocess.Popen(comp.command, env=comp.env, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, cwd=str(REPO), start_new_session=True, **as_user)
         out.close()
         self._record(comp.name, proc)
 
@@ -154,7 +166,7 @@ class Processes:
         t0 = time.monotonic()
         while pending:
             for c in list(pending):
-                if c.healthy():
+                if c.is_healthy():
                     pending.remove(c)
                 elif not self.is_ours(c.name):
                     tail = self._paths.log_file(c.name).read_text(errors="replace")[-3000:]

@@ -1,25 +1,17 @@
-"""The local multi-site platform: every server and worker of the product, on 127.0.0.1.
+"""The local multi-site platform: every server and worker of the product, on 127.0.0.1 or (``--isolated``) with the
+control plane and each site on a network of its own (``netns``).
 
-``Platform(state_dir).up()`` starts (or reuses) a Prefect server (authentication on), an MLflow
-tracking server (its basic-auth app: only the coordinator's service account writes the registry), one
-S3 endpoint per site plus one for the exchange (moto in server mode with IAM authentication: one IAM
-user per site, allowed only its own bucket and its own prefixes of the exchange), a Dask scheduler with
-workers per site (mutual TLS with the site's own CA), the work pools (locked job templates), and one
-insitu worker per pool (``deployments/worker.py``) that refuses runs carrying overrides.
+``Platform(state_dir).up()`` starts (or reuses) a Prefect server (authentication on), MLflow (basic auth: only the
+coordinator writes the registry), one S3 endpoint per site and one for the exchange (moto with IAM: each site its own
+bucket and its own prefixes of the exchange), a Dask scheduler and workers per site (mutual TLS, the site's own CA),
+the locked work pools and one insitu worker per pool (``deployments/worker.py``). Each site is an *actor* with a
+home ``actors/<site>/`` (its TLS leaf, temporary files) and a root of trust ``admin/<site>/`` (identity, signed
+policy, CA) owned by its admin; its audit log lives with its audit service (``insitu-audit``). As root each actor runs
+as its own OS user in a 0700 home. The state file (ports, PIDs, every credential) is root's, 0600, never handed to a
+site. ``down()`` stops exactly the processes ``up()`` recorded, by PID, and removes the namespaces it made.
 
-Each site is an *actor* with a home ``actors/<site>/`` holding its TLS certificate and key and temporary files,
-and a root of trust ``admin/<site>/`` (identity file, signed policy, CA key) owned by its admin identity
-``insitu-<site>-admin``, which its runtime can read but not change; its audit log and key live in
-``audit/<actor>/`` with its audit service, which runs as ``insitu-audit`` (``insitu.governance.audit_service``).
-When the platform runs as root each actor's processes run as its own OS user ``insitu-<actor>`` and its home is
-0700, so a site's process can read only its own secrets. The state file (ports, PIDs, every credential: the
-operator's copy) is root's, 0600, and its directory is never handed to a site process. ``down()`` stops exactly
-the processes ``up()`` recorded, by PID.
-
-``Platform`` is the operator's one handle on all of it (CLI and tests); the work is done by one module per job:
-``paths`` (where things live), ``state`` (the state file and its secrets), ``env`` (each process's environment),
-``components`` (what runs, in which tier), ``processes`` (start, wait, stop), ``layout`` (directories and homes),
-``provision`` (what is set up on the servers once they run) and ``principals`` (the demo signers).
+``Platform`` is the operator's one handle on it (CLI and tests); one module per job does the work: ``paths``,
+``state``, ``env``, ``components``, ``processes``, ``layout``, ``provision``, ``principals``, ``border``, ``netns``.
 """
 
 from __future__ import annotations
@@ -28,6 +20,7 @@ import logging
 import os
 import signal
 import time
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +32,7 @@ from deployments.platform.env import Environments
 from deployments.platform.errors import PlatformError
 from deployments.platform.health import prefect_headers, site_security
 from deployments.platform.layout import Layout
+from deployments.platform.netns import NetPlan, choose_network, entered
 from deployments.platform.paths import REPO, PlatformPaths
 from deployments.platform.principals import Principals
 from deployments.platform.processes import Component, Processes
@@ -64,6 +58,7 @@ class Platform:
         isolate_users: bool | None = None,
         database: str | None = None,
         wan: dict[str, dict[str, float] | None] | None = None,
+        isolated: bool | None = None,
     ) -> None:
         self.dir = Path(state_dir).resolve()
         self.conf_dir = Path(conf_dir or REPO / "conf").resolve()
@@ -71,27 +66,41 @@ class Platform:
         self._paths = PlatformPaths(self.dir)
         self._state = PlatformState.open(self._paths.state_file, self.sites, [COORDINATOR, *self.sites.names],
                                          ports, free_ports, database)
+        self._processes = Processes(self._state, self._paths)
         isolate = can_isolate() if isolate_users is None else isolate_users
         if isolate and not can_isolate():
             raise PlatformError("separate OS users per site need root; run as root or pass isolate_users=False")
+        running = [n for n in self._state.data.get("pids", {}) if self._processes.is_ours(n)]
+        self._net = choose_network(self._state.data, self.dir, self.sites.names, isolated, isolate, running)
+        self.network: NetPlan | None = self._net  # the isolated platform's namespaces and addresses (None: one network)
+        if self._net is not None:  # each audit service on an abstract socket, in its actor's namespace
+            self._paths = PlatformPaths(self.dir, abstract_audit=self._net.tag)
         self._actors = Actors(self.sites, isolate)
-        self._borders = Borders(self.sites, self._state, self._paths.root / "wan")
+        self._borders = Borders(self.sites, self._state, self._paths.root / "wan",
+                                self._net.control_address if self._net else lambda site: "127.0.0.1")
         self._borders.record(wan or {})
-        self._urls = Endpoints(self._state, self._borders)
+        self._urls = Endpoints(self._state, self._borders, self._net)
         self._principals = Principals(self._paths, self.sites)
         self._envs = Environments(self._paths, self.sites, self.conf_dir, self._state, self._urls,
                                   self._actors.account)
         self._components = Components(self._paths, self.sites, self._actors, self._state, self._urls, self._envs,
                                       self._borders)
-        self._processes = Processes(self._state, self._paths)
         self._layout = Layout(self._paths, self._actors, self._principals, self._state)
         self._provisioning = Provisioning(self._paths, self.sites, self._actors, self._state, self._urls)
+
+    def within(self, actor: str | None) -> AbstractContextManager[None]:
+        """Run the body inside ``actor``'s network namespace on an isolated platform (the coordinator's and the
+        servers' is the control plane's; None: the host); a no-op on one network."""
+        return entered(self._components.netns(actor)) if actor is not None else nullcontext()
 
     # ------------------------------------------------------------------ lifecycle
     def up(self) -> dict[str, Any]:
         """Start whatever is not running; wait until every component is healthy. Idempotent."""
         self._refuse_an_older_platform()
         t0 = time.monotonic()
+        if self._net is not None:
+            self._state.save()  # the plan is on record before anything of it exists
+            self._net.create()
         self._layout.prepare_dirs()
         self._state.save()  # before initdb: the superuser's password must be on record once the cluster has it
         self._layout.prepare_database()
@@ -99,9 +108,10 @@ class Platform:
         self._state.save()
         self._layout.prepare_audit()
         started = self._processes.ensure(self._components.audit())
-        self._layout.install_default_policies()  # audited: the audit services run from here on
+        self._layout.install_default_policies(self.within)  # audited: the audit services run from here on
         started += self._processes.ensure(self._components.database())
-        self._provisioning.databases()
+        with self.within(COORDINATOR):  # PostgreSQL listens inside the control plane only
+            self._provisioning.databases()
         servers = self._components.servers()
         started += self._processes.ensure(servers)
         self._provision_started(servers, started)
@@ -137,32 +147,20 @@ class Platform:
         # A store that kept its set-up on disk comes back with the same keys: nothing holding them restarts.
         fresh = [server for server in started_s3 if not self._provisioning.s3_restored(server)]
         for server in fresh:
-            self._provisioning.s3(server)
+            with self.within(None if server == "exchange" else server):  # a site's store: from inside the site
+                self._provisioning.s3(server)
         if fresh:  # new endpoints issued new keys: processes holding the old ones restart with the new
             self._processes.stop([c.name for c in self._components.dask() + self._components.workers()])
         if "mlflow-server" in started:
             self._provisioning.mlflow_users()
         self._state.save()
 
-    def check_stores(self) -> list[Any]:
-        """One line per store: is what the audit logs refer to still there (``platform.consistency``)."""
-        from deployments.platform.consistency import check_platform
-        from insitu.storage import store_from_env
-
-        env = self.operator_env()
-
-        def open_store(server: str) -> Any:
-            ref = self.sites.exchange if server == "exchange" else self.sites.site(server)
-            return store_from_env(ref, server, env)
-
-        return check_platform(self.sites.names, self.audit_log, open_store, COORDINATOR)
-
     def status(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         for c in self._components.all():
             pid = self.state.get("pids", {}).get(c.name)
             alive = self._processes.is_ours(c.name)
-            out[c.name] = {"pid": pid, "running": alive, "healthy": alive and c.healthy()}
+            out[c.name] = {"pid": pid, "running": alive, "healthy": alive and c.is_healthy()}
         return out
 
     def down(self, timeout: float = 15.0) -> list[str]:
@@ -171,6 +169,8 @@ class Platform:
         self.state["pids"] = {}
         self.state["started"] = {}
         self._state.save()
+        if self._net is not None:  # its namespaces and links go too (kept on record: the next `up` makes the same)
+            stopped += [f"netns {n}" for n in self._net.delete()]
         return stopped
 
     def wipe(self) -> None:
@@ -349,7 +349,8 @@ class Platform:
     def install_policy(self, site: str, signed_policy: str) -> None:
         """Install a signed policy as the site's admin (see ``admin``): refused and audited unless signed by a
         site admin for this site with a version above the one it accepted (``policy.version-only-grows``)."""
-        self._layout.install_policy(site, signed_policy)
+        with self.within(site):
+            self._layout.install_policy(site, signed_policy)
 
     # ------------------------------------------------------------------ addresses
     def port(self, name: str) -> int:

@@ -14,7 +14,8 @@ At a zero profile a chunk is written on as soon as it is read (no timer, no queu
 loopback hop (``bench/wan.py`` and ``tests/unit/test_wan_relay.py`` measure it).
 
     python -m deployments.platform.wan_relay --config relay.json
-    {"listen": [[port, "127.0.0.1", target_port], ...], "wan": {"rtt_ms": 80, "mbit": 50, "loss": 0.001}}
+    {"listen": [[port, "127.0.0.1", target_port], ...], "bind": "127.0.0.1",
+     "wan": {"rtt_ms": 80, "mbit": 50, "loss": 0.001}}
 """
 
 from __future__ import annotations
@@ -242,8 +243,9 @@ class Side(asyncio.Protocol):
 class Relay:
     """Listens on each ``(port, host, target_port)`` and relays to ``host:target_port`` through one ``Link``."""
 
-    def __init__(self, routes: list[tuple[int, str, int]], link: Link) -> None:
+    def __init__(self, routes: list[tuple[int, str, int]], link: Link, bind: str = "127.0.0.1") -> None:
         self.routes = routes
+        self.bind = bind
         self.link = link
         self.servers: list[asyncio.Server] = []
         self.traffic = {target: Traffic() for _, _, target in routes}  # by target port
@@ -252,7 +254,7 @@ class Relay:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         for port, host, target in self.routes:
-            self.servers.append(await loop.create_server(lambda h=host, t=target: self._accept(h, t), "127.0.0.1",
+            self.servers.append(await loop.create_server(lambda h=host, t=target: self._accept(h, t), self.bind,
                                                          port, reuse_address=True))
 
     def _accept(self, host: str, target: int) -> Side:
@@ -313,7 +315,7 @@ def write_traffic(relay: Relay, path: Path) -> None:
 
 async def serve(config: Path) -> None:
     routes, wan = load(config)
-    relay = Relay(routes, Link(wan))
+    relay = Relay(routes, Link(wan), json.loads(config.read_text()).get("bind", "127.0.0.1"))
     await relay.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

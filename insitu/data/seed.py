@@ -29,13 +29,13 @@ Seeder = Callable[[Conf, int, int, str | None, float], dict[str, Any]]
 
 
 def seed(conf: Conf, rows_per_site: int = 6000, seed: int = 42, corrupt_shard: str | None = "last",
-         malformed_fraction: float = 0.005) -> dict[str, Any]:
+         malformed_fraction: float = 0.005, sites: list[str] | None = None) -> dict[str, Any]:
     """Write every shard of ``conf.dataset`` into its site's store, with the generator of that dataset.
 
     ``rows_per_site`` applies to ``fraud`` and ``card_sequences``; ``corrupt_shard`` (a shard id, ``"last"`` for
     the dataset's last shard, or None) and ``malformed_fraction`` to ``fraud`` only: ``digits`` is a fixed,
-    clean dataset, ``card_sequences`` a clean one. Identical inputs
-    write identical files.
+    clean dataset, ``card_sequences`` a clean one. ``sites`` (default: all) limits it to those sites' stores.
+    Identical inputs write identical files.
 
     Returns
     -------
@@ -47,7 +47,16 @@ def seed(conf: Conf, rows_per_site: int = 6000, seed: int = 42, corrupt_shard: s
     ValueError
         For a dataset no seeder knows (before any store is touched).
     """
-    return seeder_for(conf.dataset_name)(conf, rows_per_site, seed, corrupt_shard, malformed_fraction)
+    return seeder_for(conf.dataset_name)(_only(conf, sites), rows_per_site, seed, corrupt_shard, malformed_fraction)
+
+
+def _only(conf: Conf, sites: list[str] | None) -> Conf:
+    """``conf`` with only ``sites`` (each site's files depend on the site and the seed alone, so seeding a subset
+    writes the same files as seeding all)."""
+    if sites is None:
+        return conf
+    kept = conf.sites.model_copy(update={"sites": [s for s in conf.sites.sites if s.name in sites]})
+    return conf.model_copy(update={"sites": kept})
 
 
 def seeder_for(dataset: str) -> Seeder:

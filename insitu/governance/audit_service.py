@@ -45,6 +45,13 @@ class AuditServiceError(RuntimeError):
     """The audit service refused or could not record an entry (the caller must not go on unaudited)."""
 
 
+def socket_address(path: str | Path) -> str:
+    """The address to bind or connect: a file's path, or for ``@name`` the abstract socket ``name``, which exists in
+    its network namespace only (an isolated platform's actors each have their own: another site cannot reach it)."""
+    text = str(path)
+    return "\0" + text[1:] if text.startswith("@") else text
+
+
 def _peer_uid(sock: socket.socket) -> int:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
@@ -128,18 +135,22 @@ def serve(config: Path) -> None:
     spec = json.loads(config.read_text())
     audit = AuditLog(spec["log"], bytes.fromhex(spec["key"]), spec["actor"])
     sock = Path(spec["socket"])
-    sock.unlink(missing_ok=True)
-    server = _Server(str(sock), audit, {int(u) for u in spec["allowed_uids"]})
+    abstract = str(spec["socket"]).startswith("@")
+    if not abstract:
+        sock.unlink(missing_ok=True)
+    server = _Server(socket_address(spec["socket"]), audit, {int(u) for u in spec["allowed_uids"]})
     server.signing_key = service_key(spec["signing_key"]) if spec.get("signing_key") else None
     server.anchor_key = server.signing_key  # one key: the one pinned in the identity also vouches for anchors
-    os.chmod(sock, 0o666)  # who may write is decided per connection, by SO_PEERCRED
+    if not abstract:
+        os.chmod(sock, 0o666)  # who may write is decided per connection, by SO_PEERCRED
     if log_head(audit.path) is None:
         audit.append("audit.started", pid=os.getpid())  # a deployed actor's log exists from the start
     log.info("audit service for %s on %s", spec["actor"], sock)
     try:
         server.serve_forever(poll_interval=0.5)
     finally:
-        sock.unlink(missing_ok=True)
+        if not abstract:
+            sock.unlink(missing_ok=True)
 
 
 class AuditClient:
@@ -172,7 +183,7 @@ class AuditClient:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(30)
             try:
-                s.connect(self.socket_path)
+                s.connect(socket_address(self.socket_path))
             except OSError as e:
                 raise AuditServiceError(f"{self.actor}'s audit service at {self.socket_path} is unreachable: {e}") \
                     from None

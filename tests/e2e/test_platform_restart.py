@@ -36,6 +36,7 @@ from platform_helpers import (
 from deployments.cli import audit_verify
 from deployments.cli import site_store as data
 from deployments.platform import Platform
+from deployments.platform.site_side import check_stores
 from insitu.governance.anchors import list_anchors
 from insitu.governance.trail import verify_trail
 from insitu.storage import Store
@@ -93,7 +94,7 @@ def test_down_up_and_a_killed_store_lose_nothing(deployed: Platform, shared_conf
     started = deployed.up()["started"]
     deployed.apply_env()
     assert "s3-exchange" in started and "worker-insitu-eu" in started, started
-    checks = deployed.check_stores()
+    checks = check_stores(deployed)
     assert [c.store for c in checks] == [*(f"store {s}" for s in deployed.sites.names), "exchange"]
     assert all(c.ok for c in checks), [c.line() for c in checks]
     assert any("shards its audit log says it read are there" in c.detail for c in checks), [c.line() for c in checks]

@@ -50,7 +50,7 @@ def test_only_a_site_with_a_profile_crosses_its_border_and_only_to_the_control_p
     assert "wan-eu" in comps and "wan-us" not in comps
     route = json.loads(p.borders.write_config("eu").read_text())
     assert route == {"listen": [[relay_exchange, "127.0.0.1", ports["s3-exchange"]],
-                                [relay_prefect, "127.0.0.1", ports["prefect"]]],
+                                [relay_prefect, "127.0.0.1", ports["prefect"]]], "bind": "127.0.0.1",
                      "wan": {"rtt_ms": 80.0, "mbit": 50.0, "loss": 0.0}}
 
 
