@@ -20,7 +20,7 @@ import sys
 import typer
 from rich.console import Console
 
-from deployments.cli import data, governance, jobs, platform, wan
+from deployments.cli import data, governance, jobs, platform, site, wan
 from deployments.cli.common import console
 from deployments.cli.conf_check import check_schedule
 from deployments.cli.governance import audit_timeline, audit_verify
@@ -61,6 +61,12 @@ app.add_typer(audit_app, name="audit")
 app.add_typer(policy_app, name="policy")
 app.add_typer(data_app, name="data")
 app.add_typer(wan_app, name="wan")
+site_app = typer.Typer(help="One region, started by its own admin from its own files: up, down, status.",
+                       no_args_is_help=True)
+site_app.command("up")(site.site_up)
+site_app.command("down")(site.site_down)
+site_app.command("status")(site.site_status)
+app.add_typer(site_app, name="site")
 
 
 def main() -> None:  # pragma: no cover (run as a process by the tests)

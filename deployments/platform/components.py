@@ -69,7 +69,13 @@ class Components:
         """Every component in start order, the workers last."""
         return self.audit() + self.database() + self.servers() + self.borders() + self.dask() + self.workers()
 
-    def audit(self) -> list[Component]:
+    def site(self, site: str) -> list[list[Component]]:
+        """One site's components in the tiers it starts in: its audit service, its store, its Dask, its worker."""
+        n = self._sites.site(site).dask.local_workers
+        return [self.audit([site]), [self._s3_server(site)],
+                [self._dask_scheduler(site), self._dask_workers(site, n)], self.workers([site])]
+
+    def audit(self, actors: list[str] | None = None) -> list[Component]:
         p = self._paths
         return [Component(f"audit-{a}", [sys.executable, "-m", "insitu.governance.audit_service", "--config",
                                          str(p.audit_service_file(a))],
@@ -78,7 +84,7 @@ class Components:
                                                service_public_hex(self._state.audit_signing_key(a))),
                           timeout=60,
                           account=self._actors.audit_account(), netns=self.netns(a))
-                for a in self._actors.names]
+                for a in (self._actors.names if actors is None else actors)]
 
     def database(self) -> list[Component]:
         """The control plane's PostgreSQL (none on SQLite): its cluster is created on first start."""
@@ -97,11 +103,11 @@ class Components:
     def servers(self) -> list[Component]:
         """The control plane (run as the caller) and the clouds' endpoints (each its store's own user); never
         handed to a site."""
-        return [self._prefect_server(), self._mlflow_server(), *(self._s3_server(s) for s in self.s3_servers)]
+        return [*self.control_servers(), *(self._s3_server(s) for s in self._sites.names)]
 
-    @property
-    def s3_servers(self) -> list[str]:
-        return ["exchange", *self._sites.names]
+    def control_servers(self) -> list[Component]:
+        """The control plane's servers: Prefect, MLflow and the exchange's store."""
+        return [self._prefect_server(), self._mlflow_server(), self._s3_server("exchange")]
 
     def _prefect_server(self) -> Component:
         api = self._urls.prefect_api_url
@@ -220,10 +226,10 @@ class Components:
                          lambda: dask_workers_ok(self._urls.dask_address(site), self._paths.tls_dir(site), n),
                          account=self._actors.account(site), netns=self.netns(site))
 
-    def workers(self) -> list[Component]:
+    def workers(self, actors: list[str] | None = None) -> list[Component]:
         """One insitu worker per work pool, each with its actor's environment, as its actor's user."""
-        envs = {COORDINATOR: self._envs.coordinator(), **{s: self._envs.site(s) for s in self._sites.names}}
-        return [self._worker(actor, env) for actor, env in envs.items()]
+        return [self._worker(a, self._envs.coordinator() if a == COORDINATOR else self._envs.site(a))
+                for a in (self._actors.names if actors is None else actors)]
 
     def _worker(self, actor: str, env: dict[str, str]) -> Component:
         pool = self._actors.work_pool(actor)

@@ -42,14 +42,14 @@ class Endpoints:
         namespace (its loopback and the near end of each border: nothing else exists there)."""
         return LOOPBACK if self.net is None else "0.0.0.0"  # noqa: S104 (the namespace's own links only)
 
-    def _crossing(self, actor: str | None, server: str) -> int:
+    def crossing_port(self, actor: str | None, server: str) -> int:
         """The port ``actor``'s processes use for the control plane's ``server``: its border relay's, if it has one."""
         if self._borders is not None and self._borders.behind(actor):
             return self._borders.port(actor, server)  # type: ignore[arg-type]
         return self.port(server)
 
     def prefect_api_url_for(self, actor: str | None) -> str:
-        return f"http://{self.control_host(actor)}:{self._crossing(actor, 'prefect')}/api"
+        return f"http://{self.control_host(actor)}:{self.crossing_port(actor, 'prefect')}/api"
 
     def mlflow_url_for(self, actor: str | None) -> str:
         return f"http://{self.control_host(actor)}:{self.port('mlflow')}"
@@ -57,7 +57,7 @@ class Endpoints:
     def s3_endpoint_for(self, actor: str | None, owner: str) -> str:
         """``owner``'s store as ``actor`` reaches it: the exchange across the actor's border, its own store directly."""
         if owner == "exchange":
-            return f"http://{self.control_host(actor)}:{self._crossing(actor, 's3-exchange')}"
+            return f"http://{self.control_host(actor)}:{self.crossing_port(actor, 's3-exchange')}"
         return self.s3_endpoint(owner)
 
     def port(self, name: str) -> int:

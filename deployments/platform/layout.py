@@ -148,18 +148,8 @@ class Layout:
 
     def prepare_audit(self) -> None:
         """Each actor's audit directory and service configuration (key, log, socket, the one uid it serves)."""
-        acct = self._actors.audit_account()
-        make_private_dir(self._paths.audit_dir, acct, 0o711)  # actors may reach their socket, not list or read
         for actor in self._actors.names:
-            make_private_dir(self._paths.audit_dir / actor, acct, 0o700)
-            spec = {"actor": actor, "log": str(self._paths.audit_log(actor)),
-                    "key": self._state.audit_key(actor).hex(), "socket": str(self._paths.audit_socket(actor)),
-                    # the runtime logs; its admin and the operator log policy installations
-                    "allowed_uids": sorted({self._actors.account(actor).uid, self._actors.admin_account(actor).uid,
-                                            os.geteuid()}),
-                    "signing_key": self._state.audit_signing_key(actor)}
-            owner = (acct.uid, acct.gid) if os.geteuid() == 0 else ()
-            write_private(self._paths.audit_service_file(actor), json.dumps(spec), *owner)
+            write_audit_config(self._paths, self._actors, self._state, actor)
         self.publish_audit_service_keys()
 
     def publish_audit_service_keys(self) -> None:
@@ -167,3 +157,18 @@ class Layout:
         coordinator, ``insitu audit verify``) trusts those signed by these keys only."""
         write_service_keys(self._paths.audit_service_keys, {
             a: public_hex(self._state.audit_signing_key(a)) for a in self._actors.names})
+
+
+def write_audit_config(paths: PlatformPaths, actors: Actors, state: PlatformState, actor: str) -> None:
+    """``actor``'s audit directory and its service's configuration (key, log, socket, the uids it serves), from the
+    secrets ``state`` holds: the operator's state file, or a site's own kit (``site_runtime``)."""
+    acct = actors.audit_account()
+    make_private_dir(paths.audit_dir, acct, 0o711)  # actors may reach their socket, not list or read
+    make_private_dir(paths.audit_dir / actor, acct, 0o700)
+    spec = {"actor": actor, "log": str(paths.audit_log(actor)),
+            "key": state.audit_key(actor).hex(), "socket": str(paths.audit_socket(actor)),
+            # the runtime logs; its admin and the operator log policy installations
+            "allowed_uids": sorted({actors.account(actor).uid, actors.admin_account(actor).uid, os.geteuid()}),
+            "signing_key": state.audit_signing_key(actor)}
+    owner = (acct.uid, acct.gid) if os.geteuid() == 0 else ()
+    write_private(paths.audit_service_file(actor), json.dumps(spec), *owner)

@@ -88,6 +88,10 @@ class Processes:
     def _pids(self) -> dict[str, int]:
         return self._state.data.get("pids", {})
 
+    def pid(self, name: str) -> int | None:
+        """The PID recorded for ``name`` (running or not)."""
+        return self._pids.get(name)
+
     def is_ours(self, name: str) -> bool:
         """Is the process recorded for ``name`` still running (and the one we started)?"""
         return alive(self._pids.get(name), self._state.data.get("started", {}).get(name))

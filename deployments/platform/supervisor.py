@@ -107,34 +107,53 @@ class Platform:
         self._provisioning.mlflow_auth_config(self._components.mlflow_auth_uri())
         self._state.save()
         self._layout.prepare_audit()
-        started = self._processes.ensure(self._components.audit())
-        self._layout.install_default_policies(self.within)  # audited: the audit services run from here on
+        started = self._processes.ensure(self._components.audit([COORDINATOR]))
         started += self._processes.ensure(self._components.database())
         with self.within(COORDINATOR):  # PostgreSQL listens inside the control plane only
             self._provisioning.databases()
-        servers = self._components.servers()
+        servers = self._components.control_servers()
         started += self._processes.ensure(servers)
         self._provision_started(servers, started)
         self._follow_borders(started)
-        started += self._processes.ensure(self._components.dask())
         self._provisioning.pools()
-        started += self._processes.ensure(self._components.workers())
+        started += self._processes.ensure(self._components.workers([COORDINATOR]))
+        for site in self.sites.names:  # each region from its own kit, by the code `insitu site up` runs
+            started += self._site_up(site)
         elapsed = time.monotonic() - t0
         log.info("platform up in %.1fs (started: %s)", elapsed, ", ".join(started) or "nothing, all running")
         return {"seconds": elapsed, "started": started}
 
+    def _site_up(self, site: str) -> list[str]:
+        """Write ``site``'s kit from this state and start the site from it (``site_runtime``); a changed kit (new
+        exchange keys, a new border) restarts its worker. The operator keeps the store's keys (it seeds, inside)."""
+        from deployments.platform import site_kit
+        from deployments.platform.site_runtime import SiteRuntime
+
+        kit = site_kit.build(self._state, self._urls, site, self.dir, self._components.netns(site),
+                             self._net.tag if self._net else None, self._actors.isolate)
+        if site_kit.write(site_kit.kit_file(self.dir, site), kit):
+            self._processes.stop([f"worker-{self._actors.work_pool(site)}"])
+        runtime = SiteRuntime(self.dir, site, self.conf_dir, self._processes)
+
+        def first_policy() -> None:  # audited: the site's audit service runs from here on
+            with self.within(site):
+                self._layout.install_default_policy(site)
+
+        started = runtime.up(after_audit=first_policy)
+        if site in runtime.kit["secrets"]["s3"]:
+            self.state["secrets"]["s3"][site] = runtime.kit["secrets"]["s3"][site]
+            self._state.save()
+        return started
+
     def _follow_borders(self, started: list[str]) -> None:
-        """Each site's relay runs exactly when it has a WAN profile; a site whose border changed restarts its worker,
-        which reaches the control plane through whatever the border now is."""
-        for site in self._borders.write_configs():  # a running relay re-reads a profile that changed
+        """Each site's relay runs exactly when it has a WAN profile (a changed profile is re-read by the running
+        relay); a site whose border changed gets a new kit, and its worker restarts with it (``_site_up``)."""
+        for site in self._borders.write_configs():
             if self._processes.is_ours(f"wan-{site}"):
                 os.kill(self.state["pids"][f"wan-{site}"], signal.SIGHUP)
-        gone = [f"wan-{s}" for s in self.sites.names
-                if not self._borders.behind(s) and self._processes.is_ours(f"wan-{s}")]
-        self._processes.stop(gone)
-        changed = [n.removeprefix("wan-") for n in gone + self._processes.ensure(self._components.borders())]
-        started += [f"wan-{s}" for s in changed if self._borders.behind(s)]
-        self._processes.stop([f"worker-{self._actors.work_pool(s)}" for s in changed])
+        self._processes.stop([f"wan-{s}" for s in self.sites.names
+                              if not self._borders.behind(s) and self._processes.is_ours(f"wan-{s}")])
+        started += self._processes.ensure(self._components.borders())
 
     def _refuse_an_older_platform(self) -> None:
         if self._state.older_running and any(self._processes.is_ours(n) for n in self.state.get("pids", {})):
@@ -147,27 +166,25 @@ class Platform:
         # A store that kept its set-up on disk comes back with the same keys: nothing holding them restarts.
         fresh = [server for server in started_s3 if not self._provisioning.s3_restored(server)]
         for server in fresh:
-            with self.within(None if server == "exchange" else server):  # a site's store: from inside the site
-                self._provisioning.s3(server)
-        if fresh:  # new endpoints issued new keys: processes holding the old ones restart with the new
-            self._processes.stop([c.name for c in self._components.dask() + self._components.workers()])
+            self._provisioning.s3(server)
+        if fresh:  # the exchange issued new keys: the coordinator's worker restarts with them (a site's, with its kit)
+            self._processes.stop([f"worker-{self._actors.work_pool(COORDINATOR)}"])
         if "mlflow-server" in started:
             self._provisioning.mlflow_users()
         self._state.save()
 
     def status(self) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
-        for c in self._components.all():
-            pid = self.state.get("pids", {}).get(c.name)
-            alive = self._processes.is_ours(c.name)
-            out[c.name] = {"pid": pid, "running": alive, "healthy": alive and c.is_healthy()}
-        return out
+        ours = self._processes.is_ours
+        return {c.name: {"pid": self._processes.pid(c.name), "running": ours(c.name),
+                         "healthy": ours(c.name) and c.is_healthy()} for c in self._components.all()}
 
-    def down(self, timeout: float = 15.0) -> list[str]:
-        """Stop every process ``up`` recorded (workers first), and their children. Returns their names."""
+    def down(self, timeout: float = 15.0, site: str | None = None) -> list[str]:
+        """Stop every process ``up`` recorded (workers first), and their children, or ``site``'s alone (the rest
+        keeps running). Returns their names."""
+        if site is not None:
+            return self._processes.stop([c.name for tier in self._components.site(site) for c in tier], timeout)
         stopped = self._processes.stop(list(self.state.get("pids", {})), timeout)
-        self.state["pids"] = {}
-        self.state["started"] = {}
+        self.state.update(pids={}, started={})
         self._state.save()
         if self._net is not None:  # its namespaces and links go too (kept on record: the next `up` makes the same)
             stopped += [f"netns {n}" for n in self._net.delete()]
@@ -208,10 +225,6 @@ class Platform:
         """Does each actor run as its own OS user (root only)?"""
         return self._actors.isolate
 
-    @isolate.setter
-    def isolate(self, value: bool) -> None:
-        self._actors.isolate = value
-
     # ------------------------------------------------------------------ state and secrets
     @property
     def state(self) -> dict[str, Any]:
@@ -225,9 +238,6 @@ class Platform:
     @property
     def state_file(self) -> Path:
         return self._paths.state_file
-
-    def _save_state(self) -> None:
-        self._state.save()
 
     @property
     def prefect_auth(self) -> str:
@@ -333,10 +343,6 @@ class Platform:
     def principal_roles(self) -> dict[str, list[str]]:
         """The local platform's principals: a data scientist, an operator, an auditor and one admin per site."""
         return self._principals.roles()
-
-    def principal_keys(self) -> dict[str, str]:
-        """Each principal's public key (hex); key pairs are created on first use and kept."""
-        return self._principals.keys()
 
     def site_admins(self, site: str) -> dict[str, str]:
         """The site's root of trust for its policy: its admins' public keys (in its identity file)."""

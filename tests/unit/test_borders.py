@@ -56,7 +56,7 @@ def test_only_a_site_with_a_profile_crosses_its_border_and_only_to_the_control_p
 
 def test_a_profile_given_once_is_kept_and_off_removes_the_border(tmp_path: Path, conf_dir: Path) -> None:
     p = _platform(tmp_path, conf_dir, wan={"eu": {"rtt_ms": 20}})
-    p._save_state()
+    p._state.save()
     again = Platform(tmp_path, conf_dir, isolate_users=False)
     assert again.borders.profile("eu").rtt_ms == 20 and again.state["ports"]["wan-eu-prefect"] == \
         p.state["ports"]["wan-eu-prefect"]

@@ -32,7 +32,7 @@ def test_a_new_platform_runs_on_postgres_where_it_is_installed_else_sqlite(
 
 def test_the_choice_is_kept_for_the_platforms_life(tmp_path: Path, conf_dir: Path, pg_installed: None) -> None:
     p = Platform(tmp_path, conf_dir, free_ports=True, isolate_users=False, database="sqlite")
-    p._save_state()
+    p._state.save()
     assert Platform(tmp_path, conf_dir, isolate_users=False).database == "sqlite"  # not switched by a default
     with pytest.raises(PlatformError, match=r"keeps its runs and models in sqlite.*--database sqlite.*down --wipe"):
         Platform(tmp_path, conf_dir, isolate_users=False, database="postgres")
@@ -44,7 +44,7 @@ def test_a_platform_from_before_the_choice_keeps_sqlite_and_gets_a_port_and_pass
         tmp_path: Path, conf_dir: Path, pg_installed: None) -> None:
     p = Platform(tmp_path, conf_dir, free_ports=True, isolate_users=False)
     del p.state["database"], p.state["ports"]["postgres"], p.state["secrets"]["postgres"]
-    p._save_state()
+    p._state.save()
     old = json.loads(p.state_file.read_text())
     q = Platform(tmp_path, conf_dir, isolate_users=False)
     assert q.database == "sqlite"

@@ -59,7 +59,7 @@ def test_the_operator_reads_mlflow_but_is_not_its_coordinator(platform: Platform
 
 def test_ports_and_secrets_persist_across_instances(tmp_path: Path, conf_dir: Path) -> None:
     a = Platform(tmp_path, conf_dir, free_ports=True, isolate_users=False)
-    a._save_state()
+    a._state.save()
     assert (a.state_file.stat().st_mode & 0o777) == 0o600
     b = Platform(tmp_path, conf_dir, isolate_users=False)
     assert b.state["ports"] == a.state["ports"] and b.state["secrets"] == a.state["secrets"]
