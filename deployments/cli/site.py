@@ -27,11 +27,19 @@ def _runtime(state_dir: StateDir, conf: ConfDir, site: str) -> SiteRuntime:
         raise typer.Exit(1) from None
 
 
-def site_up(site: SiteOpt, state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) -> None:
+def site_up(
+    site: SiteOpt,
+    state_dir: StateDir = DEFAULT_STATE,
+    conf: ConfDir = DEFAULT_CONF,
+    control_plane: Annotated[str | None, typer.Option(
+        help="the control plane's host as this site reaches it (kept in its kit; default: the kit's)")] = None,
+) -> None:
     """Start one site (its audit service, its store, its Dask, its worker) from its own files alone."""
     quiet_logs()
     r = _runtime(state_dir, conf, site)
     try:
+        if control_plane is not None:
+            r.reach_control_plane_at(control_plane)
         moved = r.relocate()
         with console.status(f"starting site {site} from {r.root}…"):
             started = r.up()

@@ -125,6 +125,14 @@ class SiteRuntime:
                            "healthy": running and c.is_healthy()}
         return out
 
+    def reach_control_plane_at(self, host: str) -> None:
+        """Where this site reaches the control plane from its own host (kept in its kit): an address or a name."""
+        if not host or any(c in host for c in "/: @"):
+            raise PlatformError(f"--control-plane {host[:60]!r}: give a host name or address only (the ports are the "
+                                "kit's: control_plane.ports)")
+        self.kit["control_plane"]["host"] = host
+        site_kit.write(site_kit.kit_file(self.root, self.site), self.kit)
+
     def relocate(self) -> bool:
         """A kit copied to another directory: point the site's identity at its files here (as the site's admin
         would on its own host). Returns whether anything moved."""
