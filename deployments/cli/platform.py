@@ -121,9 +121,14 @@ def status(state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) ->
         t.add_row(name, str(s["pid"] or "-"), "yes" if s["running"] else "no",
                   "[green]yes[/green]" if s["healthy"] else "[red]no[/red]")
     console.print(t)
+    net = p.network
+    if net is not None:
+        console.print(f"isolated: {net.network}; the control plane at {net.control_address(None)} from here; "
+                      + ", ".join(f"{s} at {net.site_address(s)} (namespace {net.ns(s)})" for s in p.sites.names))
     stores = Table("store", "URL", "endpoint", "work pool")
     for s in p.sites.sites:
-        stores.add_row(s.name, s.storage, p.s3_endpoint(s.name) if s.storage.startswith("s3://") else "-", s.work_pool)
+        where = f"{p.s3_endpoint(s.name)}{' inside ' + s.name if net else ''}"
+        stores.add_row(s.name, s.storage, where if s.storage.startswith("s3://") else "-", s.work_pool)
     stores.add_row("exchange", p.sites.exchange.storage, p.s3_endpoint("exchange"), p.sites.coordinator.work_pool)
     console.print(stores)
     console.print("Put a site's own file into its store: `insitu data put FILE --site eu [--key raw/…]`; "
