@@ -49,6 +49,7 @@ from tasks.evaluate import read_evaluations
 from tasks.federation import FederatedRounds, publish_global_stats, publish_initial_weights
 from tasks.federation_async import run_async
 from tasks.figures import log_figures
+from tasks.job_lease import one_run_per_job
 from tasks.mlflow_runs import (
     finish_runs,
     log_async_version,
@@ -117,20 +118,21 @@ class Evaluated:
 @flow(name="retrain", log_prints=False)
 def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa: B008 (Prefect builds the form)
     job = open_job(params)
-    plan = plan_job(job)
-    sites = prepare(job, plan)
-    stats = publish_global_stats(job.exchange, job.conf, sites)
-    publish_initial_weights(job.exchange, job.conf, stats["norm"])
-    mlruns = start_runs(job.conf, job.job_id, sites, job.flow_run_id)
-    # System metrics (CPU, memory) of the coordinator are recorded on the parent run while it is active.
-    with mlflow.start_run(run_id=mlruns["parent"], log_system_metrics=True):
-        outcome = train(job, sites, mlruns)
-        evaluated = evaluate(job, sites, outcome, stats["norm"]["features"])
-        registration = register(job, mlruns, outcome, evaluated, stats["norm"], sites)
-    promotion = gate_and_promote(job.conf, job.job_id, registration.version, evaluated.global_metrics,
-                                 evaluated.for_gate(evaluated.site_metrics), evaluated.champion,
-                                 evaluated.champion_global, evaluated.for_gate(evaluated.champion_sites))
-    return finish(job, mlruns, registration, promotion, sites, stats, outcome, evaluated)
+    with one_run_per_job(job.job_id, job.flow_run_id, job.audit):  # a second run of the job is refused at once
+        plan = plan_job(job)
+        sites = prepare(job, plan)
+        stats = publish_global_stats(job.exchange, job.conf, sites)
+        publish_initial_weights(job.exchange, job.conf, stats["norm"])
+        mlruns = start_runs(job.conf, job.job_id, sites, job.flow_run_id)
+        # System metrics (CPU, memory) of the coordinator are recorded on the parent run while it is active.
+        with mlflow.start_run(run_id=mlruns["parent"], log_system_metrics=True):
+            outcome = train(job, sites, mlruns)
+            evaluated = evaluate(job, sites, outcome, stats["norm"]["features"])
+            registration = register(job, mlruns, outcome, evaluated, stats["norm"], sites)
+        promotion = gate_and_promote(job.conf, job.job_id, registration.version, evaluated.global_metrics,
+                                     evaluated.for_gate(evaluated.site_metrics), evaluated.champion,
+                                     evaluated.champion_global, evaluated.for_gate(evaluated.champion_sites))
+        return finish(job, mlruns, registration, promotion, sites, stats, outcome, evaluated)
 
 
 def open_job(params: RetrainParams) -> Job:

@@ -61,3 +61,21 @@ def test_switching_is_refused_while_running_and_isolation_needs_root(tmp_path: P
     assert choose_network({}, tmp_path, ["eu"], None, True, []) is None
     kept = choose_network({"isolated": rec}, tmp_path, ["eu"], None, True, ["x"])
     assert kept is not None and kept.ns(CONTROL) == "insitu-abc123-cp"
+
+
+def test_a_border_relay_on_an_isolated_platform_listens_on_its_own_link_only(tmp_path: Path, conf_dir: Path) -> None:
+    import json
+
+    from deployments.platform import Platform
+    from deployments.platform.border import Borders
+
+    p = Platform(tmp_path, conf_dir, free_ports=True, isolate_users=False)
+    plan = NetPlan("abc123", 77, tuple(p.sites.names))
+    borders = Borders(p.sites, p._state, tmp_path / "wan", plan.control_address)
+    borders.record({"eu": {"rtt_ms": 80.0}})
+    urls = Endpoints(p._state, borders, plan)
+    relay = borders.port("eu", "prefect")
+    assert urls.prefect_api_url_for("eu") == f"http://10.77.1.1:{relay}/api"
+    assert urls.prefect_api_url_for("us") == f"http://10.77.2.1:{p.port('prefect')}/api"  # no border profile
+    config = json.loads(borders.write_config("eu").read_text())
+    assert config["bind"] == "10.77.1.1"  # the control plane's end of eu's link: no other site reaches it

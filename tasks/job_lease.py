@@ -1,0 +1,106 @@
+"""One run of a job at a time: a second ``retrain`` run of a job id that is running is refused at once, naming the
+running one (rule ``job.one-run-at-a-time``), and audited.
+
+The hold is a Prefect global concurrency limit of one slot per job id (``insitu-job-<job id>``, created on the
+job's first run and kept for its re-runs), taken with a lease the holder renews while it runs: taking it is one
+atomic step on the server, so two runs started together cannot both pass (no check-then-act). A holder that
+crashed stops renewing, and its hold lapses ``LEASE_S`` after its last renewal: a re-run by the job id whose
+earlier run is no longer active waits for that, instead of being refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from uuid import UUID
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.client.schemas.filters import (
+    FlowFilter,
+    FlowFilterName,
+    FlowRunFilter,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+)
+from prefect.client.schemas.objects import ConcurrencyLeaseHolder, FlowRun, StateType
+from prefect.concurrency.sync import concurrency
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+from insitu.governance.audit_service import Auditor
+
+log = logging.getLogger(__name__)
+
+RULE = "job.one-run-at-a-time"
+LEASE_S = 60.0  # a crashed holder's hold lapses this long after its last renewal
+ACQUIRE_S = 2.0  # how long a run tries before it asks who holds its job
+ACTIVE = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.PAUSED, StateType.CANCELLING]
+
+
+class JobAlreadyRunning(PermissionError):
+    """Another run of this job id is running (a decision, not a fault: not retried)."""
+
+
+def limit_name(job_id: str) -> str:
+    return f"insitu-job-{job_id}"
+
+
+def _ensure_limit(name: str) -> None:
+    """The job's one-slot limit, made by its first run (two runs making it at once: one makes it, both use it)."""
+    with get_client(sync_client=True) as c:
+        try:
+            c.read_global_concurrency_limit_by_name(name)
+            return
+        except ObjectNotFound:
+            pass
+        try:
+            c.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+        except ObjectAlreadyExists:
+            pass
+
+
+def active_runs(job_id: str, but: str | None) -> list[FlowRun]:
+    """The job's other ``retrain`` runs that are not over (the form's job id, or the one ``insitu run`` gave)."""
+    with get_client(sync_client=True) as c:
+        runs = c.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["retrain"])),
+                                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                                    type=FlowRunFilterStateType(any_=ACTIVE))), limit=200)
+    return [r for r in runs if str(r.id) != but and ((r.parameters or {}).get("params") or {}).get("job_id") == job_id]
+
+
+@contextmanager
+def one_run_per_job(job_id: str, flow_run_id: str | None, audit: Auditor) -> Iterator[None]:
+    """Hold ``job_id`` for the body; refuse (audited) if another run of it is running."""
+    name = limit_name(job_id)
+    _ensure_limit(name)
+    holder = ConcurrencyLeaseHolder(type="flow_run", id=UUID(flow_run_id)) if flow_run_id else None
+
+    def hold(timeout_s: float) -> object:
+        return concurrency(name, occupy=1, timeout_seconds=timeout_s, lease_duration=LEASE_S, strict=True,
+                           holder=holder)
+
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(hold(ACQUIRE_S))  # type: ignore[arg-type]
+        except TimeoutError:
+            others = active_runs(job_id, flow_run_id)
+            if others:
+                _refuse(job_id, flow_run_id, audit, others)
+            # Held by a run that is over (it crashed, so it never let go): its hold lapses when its lease does.
+            log.warning("job %s is still held by a run that ended without letting go; waiting up to %.0fs for its "
+                        "hold to lapse", job_id, LEASE_S)
+            try:
+                stack.enter_context(hold(LEASE_S + 30))  # type: ignore[arg-type]
+            except TimeoutError:
+                _refuse(job_id, flow_run_id, audit, active_runs(job_id, flow_run_id))
+        yield
+
+
+def _refuse(job_id: str, flow_run_id: str | None, audit: Auditor, others: list[FlowRun]) -> None:
+    named = ", ".join(f"flow run {r.id} ({r.name}, {r.state.type.value if r.state else 'unknown'})" for r in others)
+    why = (f"job {job_id} is already running as {named or 'another run'}: one run of a job at a time (rule {RULE}). "
+           f"Wait for it to end, or cancel it, then re-run with --job-id {job_id} to resume")
+    audit.append("job.refused", job_id=job_id, flow_run_id=flow_run_id, rule=RULE, reason=why,
+                 running=[str(r.id) for r in others])
+    raise JobAlreadyRunning(why)
