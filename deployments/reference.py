@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from insitu.conf import DatasetsConfig, SitesConfig, TrainingConfig
+from insitu.conf import AlertsConfig, DatasetsConfig, SitesConfig, TrainingConfig
 from insitu.federated.aggregators import AGGREGATORS
 from insitu.federated.asynchronous import ALGORITHMS
 from insitu.governance.policy import Limits
@@ -102,7 +102,7 @@ def reference() -> str:
     """The generated part of docs/configuration.md."""
     out = [BEGIN, "", "## Reference", ""]
     for title, model in (("`sites.yaml`", SitesConfig), ("`datasets.yaml`", DatasetsConfig),
-                         ("`training/<name>.yaml`", TrainingConfig)):
+                         ("`training/<name>.yaml`", TrainingConfig), ("`alerts.yaml`", AlertsConfig)):
         out += [f"### {title}", ""]
         model_table(model, "", out)
     out += ["### A site's policy: `limits`", "",

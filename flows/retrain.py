@@ -18,7 +18,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
 from flows.forms import RetrainParams
-from insitu.conf import TrainingConfig, load_training, trusted_training
+from insitu.conf import TrainingConfig, load_alerts, load_training, trusted_training
 from insitu.federated.aggregators import build_aggregator
 from insitu.federated.asynchronous import update_limit
 from insitu.federated.coordinator import RoundsOutcome, run_rounds
@@ -132,6 +132,8 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
         promotion = gate_and_promote(job.conf, job.job_id, registration.version, evaluated.global_metrics,
                                      evaluated.for_gate(evaluated.site_metrics), evaluated.champion,
                                      evaluated.champion_global, evaluated.for_gate(evaluated.champion_sites))
+        if not promotion.passed and promotion.basis != "judged":  # judged: by an earlier run of the job
+            job.watch.gate_refused(registration.model_name, registration.version, promotion.reason)
         return finish(job, mlruns, registration, promotion, sites, stats, outcome, evaluated)
 
 
@@ -256,8 +258,11 @@ def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> RoundsOutcome:
         else:
             aggregator = build_aggregator(training.aggregator.name, training.aggregator.options,
                                           max_update_norm=MAX_UPDATE_NORM)
+            factor, deadline = load_alerts().slow_round_factor, training.federation.round_deadline_s
             rounds = FederatedRounds(exchange, sites, training, learning_task, aggregator, alive, record, job.audit,
-                                     job.flow_run_id, selection)
+                                     job.flow_run_id, selection,
+                                     lambda rnd, res: job.watch.round_done(rnd, res, deadline, factor))
+            job.watch.training_starts()
             outcome = run_rounds(rounds, training.rounds, selection)
     except Exception as e:
         # Tell the sites to stop waiting for weights that will not come, and free their workers.

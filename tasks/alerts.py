@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
@@ -18,6 +19,7 @@ from prefect.logging import get_run_logger
 
 from insitu.federated.exchange import Exchange
 from insitu.federated.paths import EVALUATION, PREPARE_STATS
+from insitu.federated.round_alerts import GATE_REFUSED, dropped, slow
 from insitu.governance.audit_service import Auditor
 from insitu.governance.run_alerts import Alert, pool_alert, run_alert
 
@@ -39,6 +41,28 @@ class RunWatch:
         self.alerts: list[Alert] = []
         self._seen: set[tuple[str, ...]] = set()
         self._judged: set[str] = set()
+        self._round_started = time.monotonic()
+        self._round_seconds: dict[int, float] = {}
+
+    def round_done(self, rnd: int, result: dict[str, Any], deadline_s: float, slow_factor: float) -> None:
+        """After round ``rnd`` was aggregated: alert the sites it went on without, and a slow round (timed from the
+        previous round's end, or from when training began)."""
+        now = time.monotonic()
+        seconds, self._round_started = now - self._round_started, now
+        if result.get("resumed"):
+            return  # aggregated by an earlier run of the job: not a round this run waited for
+        for alert in dropped(rnd, result.get("missing", []), result.get("rejected", {}), deadline_s):
+            self._raise(alert)
+        alert = slow(rnd, seconds, self._round_seconds, slow_factor, list(result.get("sites", [])))
+        self._round_seconds[rnd] = seconds
+        if alert is not None:
+            self._raise(alert)
+
+    def training_starts(self) -> None:
+        self._round_started = time.monotonic()
+
+    def gate_refused(self, model: str, version: str, reason: str) -> None:
+        self._raise(Alert(GATE_REFUSED, "", "gate", f"{model} v{version} not promoted: {reason}"))
 
     def excuse(self, run_ids: Iterable[UUID]) -> None:
         """Runs the coordinator itself cancels (a site left out past a deadline): not judged as forced."""

@@ -107,6 +107,7 @@ class FederatedRounds:
     audit: Auditor | None = None
     flow_run_id: str | None = None
     selection: Selection | None = None  # where sites whose numbers were refused or disagreed are named
+    on_round: Callable[[int, dict[str, Any]], None] | None = None  # after each aggregation (alerts)
     _per_site: dict[str, dict[str, Any]] = field(default_factory=dict, init=False)  # the last validation read
     _committed: dict[str, dict[str, int]] | None = field(default=None, init=False)
 
@@ -124,6 +125,8 @@ class FederatedRounds:
         for site, why in result["rejected"].items():
             if N_SAMPLES_RULE in why and self.selection is not None:  # a claim, not a fault: named in the summary
                 self.selection.suspect(site, why)
+        if self.on_round is not None:
+            self.on_round(rnd, result)
         return result
 
     def validation(self, rnd: int, wait: bool) -> tuple[dict[str, float], list[str]] | None:

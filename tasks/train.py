@@ -78,7 +78,7 @@ def train_from(ctx: SiteContext, state: dict[str, Any], norm: dict[str, Any], *,
     # The ranks read the site's prepared train split on the site's own Dask workers.
     ctx.audit.append("data.read", what="prepared/train", job_id=job_id, flow_run_id=ctx.flow_run_id,
                      rows=result.n_samples, strategy=t.strategy, ranks=t.ranks_per_site, **audited)
-    delay = publish_delay(_own_file(PUBLISH_DELAY_FILE), job_id)
+    delay = publish_delay(_own_file(PUBLISH_DELAY_FILE), job_id, options_round)
     if delay:  # this site's operator made it deliberately slow (tests and benchmarks of stragglers)
         get_run_logger().info("site=%s: waiting %.1fs before publishing (its operator's %s)", ctx.site, delay,
                               PUBLISH_DELAY_FILE)

@@ -17,6 +17,7 @@ from rich.table import Table
 from insitu.conf import (
     ConfigError,
     ScheduleConfig,
+    load_alerts,
     load_datasets,
     load_sites,
     load_training,
@@ -66,6 +67,7 @@ def check_conf(conf: Path) -> ConfReport:
     report = ConfReport()
     report.check("sites.yaml", lambda: load_sites(conf / "sites.yaml"))
     report.check("datasets.yaml", lambda: load_datasets(conf / "datasets.yaml"))
+    report.check("alerts.yaml", lambda: load_alerts(conf / "alerts.yaml"))
     try:  # each dataset on its own too: a broken entry blocks only the jobs that name it
         names = sorted((yaml.safe_load((conf / "datasets.yaml").read_text()) or {}).get("datasets") or {})
     except (OSError, yaml.YAMLError, AttributeError):

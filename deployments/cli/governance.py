@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -24,7 +24,7 @@ from deployments.cli.common import (
     is_up,
     open_platform,
 )
-from deployments.platform import COORDINATOR, REPO
+from deployments.platform import COORDINATOR, REPO, Platform
 from insitu.conf import ConfigError
 
 
@@ -151,7 +151,22 @@ def audit_verify(
         for n in r.noise:  # objects nobody's audit service signed: they prove nothing either way
             console.print(f"[yellow]noise[/yellow] {r.actor}: {escape(str(n))}", soft_wrap=True)
     if not all(r.ok for r in results):
+        _alert_broken(p, [r for r in results if not r.ok])
         raise typer.Exit(1)
+
+
+def _alert_broken(p: Platform, broken: list[Any]) -> None:
+    """Tell whoever ``conf/alerts.yaml`` names (``insitu.alert.audit-verification-failed``, one per actor)."""
+    if not is_up(p):
+        return
+    from deployments.alerts import emit_alert
+
+    try:
+        for r in broken:
+            emit_alert("audit-verification-failed", "audit", r.actor, "audit",
+                       f"{r.actor}'s audit log {r.path} does not verify: {r.reason}")
+    except Exception as e:  # the verdict stands (exit 1); the alert is best effort
+        console.print(f"[yellow]could not emit the alert: {e}[/yellow]")
 
 
 def audit_timeline(

@@ -27,7 +27,7 @@ from deployments.cli.data import seed
 from deployments.cli.job_run import JobRun, new_job_id, run_and_follow
 from deployments.cli.platform import up
 from deployments.cli.summary import print_summary
-from insitu.conf import load_datasets
+from insitu.conf import load_alerts, load_datasets
 
 
 def deploy(state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) -> None:
@@ -42,6 +42,12 @@ def deploy(state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) ->
     with console.status("registering deployments…"):
         names = deploy_all(p.sites, datasets)
     console.print(f"deployed {len(names)}: {', '.join(names)}")
+    from deployments.alerts import ensure_alerts
+
+    alerts = load_alerts(p.conf_dir / "alerts.yaml")
+    sent = ensure_alerts(alerts)
+    console.print(f"alerts: {', '.join(sent)} → {alerts.webhook.url}" if sent and alerts.webhook else
+                  "alerts: none sent (no webhook in conf/alerts.yaml); they are still audited and emitted as events")
     for name, ds in datasets.datasets.items():
         for s in ds.schedules:
             state = "" if s.active else " (paused)"

@@ -6,6 +6,7 @@ Which component names exist (learning tasks, models, aggregators, in-site strate
 what options each takes is decided one floor up, by :func:`insitu.job.load_job`.
 """
 
+from insitu.conf.alerts import ALERT_KINDS, AlertsConfig, WebhookConfig
 from insitu.conf.datasets import (
     ColumnSpec,
     DatasetConfig,
@@ -15,7 +16,16 @@ from insitu.conf.datasets import (
     ShardConfig,
 )
 from insitu.conf.errors import ConfigError, did_you_mean, explain, format_loc, short
-from insitu.conf.load import Conf, conf_dir, load_conf, load_datasets, load_sites, load_training, trusted_training
+from insitu.conf.load import (
+    Conf,
+    conf_dir,
+    load_alerts,
+    load_conf,
+    load_datasets,
+    load_sites,
+    load_training,
+    trusted_training,
+)
 from insitu.conf.names import CONF_NAME, ENV_NAME, IMPORT_PATH, JOB_ID_PATTERN, SITE_NAME, check_job_id
 from insitu.conf.sites import CoordinatorConfig, DaskRef, SiteConfig, SitesConfig, StorageRef, WanProfile
 from insitu.conf.training import (
@@ -37,6 +47,7 @@ from insitu.conf.urls import STORE_SCHEMES, normalise_store_url, stores_overlap
 from insitu.conf.yaml_loader import ConfLoader, DuplicateKeyError, read_yaml
 
 __all__ = [
+    "ALERT_KINDS", "AlertsConfig", "WebhookConfig", "load_alerts",
     "CONF_NAME", "ConfLoader", "DuplicateKeyError",
     "ENV_NAME", "IMPORT_PATH", "JOB_ID_PATTERN", "SITE_NAME", "STORE_SCHEMES",
     "AggregatorConfig", "AsyncConfig", "CheckpointConfig", "ColumnSpec", "Conf", "ConfigError", "CoordinatorConfig",

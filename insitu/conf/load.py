@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from insitu.conf.alerts import AlertsConfig
 from insitu.conf.datasets import DatasetConfig, DatasetsConfig
 from insitu.conf.errors import ConfigError, explain, short
 from insitu.conf.names import CONF_NAME
@@ -51,6 +52,12 @@ def load_datasets(path: str | os.PathLike[str] | None = None, only: str | None =
         return DatasetsConfig.model_validate(raw)
     except ValidationError as e:
         raise explain(p, e, DatasetsConfig) from None
+
+
+def load_alerts(path: str | os.PathLike[str] | None = None) -> AlertsConfig:
+    """``alerts.yaml``; no file: no alerts (the defaults)."""
+    p = Path(path) if path else conf_dir() / "alerts.yaml"
+    return _load(AlertsConfig, p) if p.is_file() else AlertsConfig()
 
 
 def load_training(path: str | os.PathLike[str]) -> TrainingConfig:

@@ -1,0 +1,113 @@
+"""Alerts on the real platform: ``conf/alerts.yaml``'s automations (made by ``ensure_alerts``, what ``insitu deploy``
+runs) send a failed site run and a slow round to a webhook, once each, naming the job, the site and the reason.
+
+The webhook is a local HTTP receiver; the failed site run is one the site refuses (no dispatch by the coordinator:
+rule dispatch.ticket); the slow round is a real job whose site ``eu`` its own operator slows in round 2 only
+(``publish-delay.json``). The automations are removed at the end (the receiver goes away).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from platform_helpers import (
+    shipped_training,
+    slow_sites,
+    start_flow_run,
+    start_retrain,
+    wait_for_flow_run,
+    write_training,
+)
+
+from deployments.alerts import ensure_alerts
+from deployments.platform import Platform
+from insitu.conf import ALERT_KINDS, AlertsConfig
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+
+
+class Receiver(ThreadingHTTPServer):
+    def __init__(self) -> None:
+        self.received: list[dict[str, Any]] = []
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/alerts"
+
+    def of(self, alert: str, job: str) -> list[dict[str, Any]]:
+        return [a for a in self.received if a.get("alert") == alert and a.get("job") == job]
+
+    def wait_for(self, alert: str, job: str, timeout: float) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.of(alert, job):
+            time.sleep(0.5)
+        time.sleep(5)  # a second one, if any, arrives within this
+        return self.of(alert, job)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Receiver
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            self.server.received.append(json.loads(body))
+        except ValueError:
+            self.server.received.append({"unparsed": body.decode(errors="replace")})
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    t = threading.Thread(target=r.serve_forever, daemon=True)
+    t.start()
+    try:
+        assert set(ensure_alerts(AlertsConfig.model_validate(
+            {"webhook": {"url": r.url}, "slow_round_factor": 1.5}))) == set(ALERT_KINDS)
+        yield r
+    finally:
+        assert ensure_alerts(AlertsConfig()) == []  # no webhook: every automation of ours removed
+        r.shutdown()
+        r.server_close()
+
+
+def test_a_failed_site_run_and_a_slow_round_reach_the_webhook_once_each(deployed: Platform, shared_conf: Path,
+                                                                        signer: Any, receiver: Receiver) -> None:
+    p = deployed
+    # ---- a site run the site refuses (the coordinator never dispatched it): Failed, and said so
+    refused_job = f"e2e-alert-refused-{uuid.uuid4().hex[:6]}"
+    run = wait_for_flow_run(start_flow_run("site-prepare/eu", {"job_id": refused_job}), 300)
+    assert run.state is not None and run.state.is_failed(), run.state
+    (failed,) = receiver.wait_for("site-run-failed", refused_job, 60)
+    assert failed["site"] == "eu" and failed["phase"] == "site-prepare"
+    assert "dispatch.ticket" in failed["reason"], failed
+
+    # ---- a job whose site eu is slow in round 2 only: that round, and only it, is alerted
+    model = f"insitu-e2e-alert-{uuid.uuid4().hex[:6]}"
+    cfg = shipped_training(p.conf_dir, "fraud")
+    cfg.update(rounds=3, local_epochs=1, strategy="single", ranks_per_site=1, registry={"model_name": model})
+    training = write_training(shared_conf, f"e2e-alert-{uuid.uuid4().hex[:6]}", cfg).stem
+    job = f"e2e-alert-slow-{uuid.uuid4().hex[:6]}"
+    with slow_sites(p, job, {"eu": {"2": 20.0}}):  # type: ignore[dict-item]
+        done = wait_for_flow_run(start_retrain({"training": training, "dataset": "fraud", "job_id": job,
+                                                "request": signer(training, job)}), 900, poll_s=2)
+    assert done.state is not None and done.state.is_completed(), done.state
+    (slow,) = receiver.wait_for("slow-round", job, 60)
+    assert slow["reason"].startswith("round 2 took") and "median round" in slow["reason"], slow
+    assert "eu" in slow["site"]
+    assert not receiver.of("site-dropped", job)  # every site made every round
+    assert not receiver.of("site-run-failed", job)
