@@ -35,9 +35,8 @@ SITE_RUN_STATES = {"site-run-failed": ("Failed", "Crashed"), "site-run-late": ("
 
 def automation_for(kind: str, block_id: Any) -> Any:
     """The automation of one alert kind: its trigger and its notification."""
-    from prefect.automations import Automation
     from prefect.events.actions import SendNotification
-    from prefect.events.schemas.automations import EventTrigger, Posture
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
     from prefect.events.schemas.events import ResourceSpecification
 
     if kind in SITE_RUN_STATES:
@@ -52,9 +51,9 @@ def automation_for(kind: str, block_id: Any) -> Any:
         trigger = EventTrigger(expect={f"insitu.alert.{kind}"}, match={"prefect.resource.id": "insitu.job.*"},
                                posture=Posture.Reactive, threshold=1)
         body = INSITU_BODY
-    return Automation(name=f"{PREFIX}{kind}", description=f"insitu alert: {kind} (conf/alerts.yaml)",
-                      trigger=trigger, actions=[SendNotification(block_document_id=block_id,
-                                                                 subject=f"insitu alert: {kind}", body=body)])
+    return AutomationCore(name=f"{PREFIX}{kind}", description=f"insitu alert: {kind} (conf/alerts.yaml)",
+                          trigger=trigger, actions=[SendNotification(block_document_id=block_id,
+                                                                     subject=f"insitu alert: {kind}", body=body)])
 
 
 def ensure_alerts(cfg: AlertsConfig) -> list[str]:

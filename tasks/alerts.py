@@ -18,7 +18,7 @@ from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
 
 from insitu.federated.exchange import Exchange
-from insitu.federated.paths import EVALUATION, PREPARE_STATS
+from insitu.federated.paths import EVALUATION, PREPARE_STATS, update
 from insitu.federated.round_alerts import GATE_REFUSED, dropped, slow
 from insitu.governance.audit_service import Auditor
 from insitu.governance.run_alerts import Alert, pool_alert, run_alert
@@ -53,10 +53,23 @@ class RunWatch:
             return  # aggregated by an earlier run of the job: not a round this run waited for
         for alert in dropped(rnd, result.get("missing", []), result.get("rejected", {}), deadline_s):
             self._raise(alert)
-        alert = slow(rnd, seconds, self._round_seconds, slow_factor, list(result.get("sites", [])))
+        sites = list(result.get("sites", []))
+        alert = slow(rnd, seconds, self._round_seconds, slow_factor, sites)
         self._round_seconds[rnd] = seconds
         if alert is not None:
-            self._raise(alert)
+            self._raise(slow(rnd, seconds, self._round_seconds, slow_factor, sites, self._last_update(rnd, sites))
+                        or alert)
+
+    def _last_update(self, rnd: int, sites: list[str]) -> str | None:
+        """The site whose update of round ``rnd`` was written last (the one the round waited for)."""
+        if self.exchange is None:
+            return None
+        try:
+            written = {s: self.exchange.modified(update(rnd).manifest, writer=s) for s in sites}
+        except Exception:  # detection only: the alert goes out without it
+            return None
+        known = {s: t for s, t in written.items() if t is not None}
+        return max(known, key=lambda s: known[s]) if known else None
 
     def training_starts(self) -> None:
         self._round_started = time.monotonic()

@@ -25,15 +25,18 @@ def dropped(rnd: int, missing: list[str], rejected: dict[str, str], deadline_s: 
     return out
 
 
-def slow(rnd: int, seconds: float, earlier: dict[int, float], factor: float, sites: list[str]) -> Alert | None:
+def slow(rnd: int, seconds: float, earlier: dict[int, float], factor: float, sites: list[str],
+         last: str | None = None) -> Alert | None:
     """An alert when round ``rnd`` took more than ``factor`` × the median of the rounds before it (round 0 left
-    out: it includes the start); judged once there is one such round."""
+    out: it includes the start); judged once there is one such round. ``last``: the site whose update came last
+    (the one the round waited for), named as the alert's site."""
     baseline = [s for r, s in earlier.items() if r > 0 and r < rnd]
     if not baseline:
         return None
     typical = median(baseline)
     if seconds <= factor * typical:
         return None
-    return Alert(SLOW_ROUND, ",".join(sites), "train",
+    waited = f"; the last update came from {last}" if last else ""
+    return Alert(SLOW_ROUND, last or "", "train",
                  f"round {rnd} took {seconds:.1f}s, {seconds / typical:.1f}× the job's median round ({typical:.1f}s; "
-                 f"alert above {factor:g}×); sites in it: {', '.join(sites) or 'none'}")
+                 f"alert above {factor:g}×){waited}; sites in it: {', '.join(sites) or 'none'}")

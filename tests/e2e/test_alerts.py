@@ -1,8 +1,8 @@
 """Alerts on the real platform: ``conf/alerts.yaml``'s automations (made by ``ensure_alerts``, what ``insitu deploy``
 runs) send a failed site run and a slow round to a webhook, once each, naming the job, the site and the reason.
 
-The webhook is a local HTTP receiver; the failed site run is one the site refuses (no dispatch by the coordinator:
-rule dispatch.ticket); the slow round is a real job whose site ``eu`` its own operator slows in round 2 only
+The webhook is a local HTTP receiver; the failed site run is one the site refuses (no signed request: rule
+request.present); the slow round is a real job whose site ``eu`` its own operator slows in round 2 only
 (``publish-delay.json``). The automations are removed at the end (the receiver goes away).
 """
 
@@ -88,13 +88,13 @@ def receiver() -> Iterator[Receiver]:
 def test_a_failed_site_run_and_a_slow_round_reach_the_webhook_once_each(deployed: Platform, shared_conf: Path,
                                                                         signer: Any, receiver: Receiver) -> None:
     p = deployed
-    # ---- a site run the site refuses (the coordinator never dispatched it): Failed, and said so
+    # ---- a site run the site refuses (an unsigned run nobody dispatched): Failed, and said so
     refused_job = f"e2e-alert-refused-{uuid.uuid4().hex[:6]}"
     run = wait_for_flow_run(start_flow_run("site-prepare/eu", {"job_id": refused_job}), 300)
     assert run.state is not None and run.state.is_failed(), run.state
     (failed,) = receiver.wait_for("site-run-failed", refused_job, 60)
     assert failed["site"] == "eu" and failed["phase"] == "site-prepare"
-    assert "dispatch.ticket" in failed["reason"], failed
+    assert "site 'eu' refuses prepare" in failed["reason"] and "rule request.present" in failed["reason"], failed
 
     # ---- a job whose site eu is slow in round 2 only: that round, and only it, is alerted
     model = f"insitu-e2e-alert-{uuid.uuid4().hex[:6]}"
@@ -108,6 +108,6 @@ def test_a_failed_site_run_and_a_slow_round_reach_the_webhook_once_each(deployed
     assert done.state is not None and done.state.is_completed(), done.state
     (slow,) = receiver.wait_for("slow-round", job, 60)
     assert slow["reason"].startswith("round 2 took") and "median round" in slow["reason"], slow
-    assert "eu" in slow["site"]
+    assert slow["site"] == "eu" and "the last update came from eu" in slow["reason"], slow  # the straggler
     assert not receiver.of("site-dropped", job)  # every site made every round
     assert not receiver.of("site-run-failed", job)

@@ -74,11 +74,12 @@ class ValidationPoint(Doc):
 
 
 class AlertRecord(Doc):
-    """A paused pool or a forced site run seen during the job (:mod:`insitu.governance.run_alerts`)."""
+    """A paused pool or a forced site run seen during the job (:mod:`insitu.governance.run_alerts`); a site dropped
+    from a round, a slow round, a gate refusal (:mod:`insitu.federated.round_alerts`)."""
 
-    kind: Literal["pool-paused", "run-forced", "run-cancelled"]
-    site: Site
-    phase: Literal["prepare", "train", "evaluate"]
+    kind: Literal["pool-paused", "run-forced", "run-cancelled", "site-dropped", "slow-round", "gate-refused"]
+    site: Site | Literal[""]  # "": the whole job (a gate refusal)
+    phase: Literal["prepare", "train", "evaluate", "gate"]
     detail: Text
     pool: Ident | None = None
     flow_run_id: Ident | None = None
