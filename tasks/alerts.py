@@ -43,6 +43,7 @@ class RunWatch:
         self._judged: set[str] = set()
         self._round_started = time.monotonic()
         self._round_seconds: dict[int, float] = {}
+        self._dropped: set[str] = set()  # sites alerted as dropped and not back yet
 
     def round_done(self, rnd: int, result: dict[str, Any], deadline_s: float, slow_factor: float) -> None:
         """After round ``rnd`` was aggregated: alert the sites it went on without, and a slow round (timed from the
@@ -51,14 +52,17 @@ class RunWatch:
         seconds, self._round_started = now - self._round_started, now
         if result.get("resumed"):
             return  # aggregated by an earlier run of the job: not a round this run waited for
-        for alert in dropped(rnd, result.get("missing", []), result.get("rejected", {}), deadline_s):
-            self._raise(alert)
-        sites = list(result.get("sites", []))
+        sites, missing = list(result.get("sites", [])), list(result.get("missing", []))
+        self._dropped -= set(sites)  # back in: a later drop is news again
+        for alert in dropped(rnd, missing, result.get("rejected", {}), deadline_s):
+            if alert.site not in self._dropped:  # once per absence, not every round a dead site misses
+                self._dropped.add(alert.site)
+                self._raise(alert)
         alert = slow(rnd, seconds, self._round_seconds, slow_factor, sites)
         self._round_seconds[rnd] = seconds
-        if alert is not None:
-            self._raise(slow(rnd, seconds, self._round_seconds, slow_factor, sites, self._last_update(rnd, sites))
-                        or alert)
+        if alert is not None:  # name the site the round waited for: one that never came, else the last to come
+            waited = sorted(missing)[0] if missing else self._last_update(rnd, sites)
+            self._raise(slow(rnd, seconds, self._round_seconds, slow_factor, sites, waited) or alert)
 
     def _last_update(self, rnd: int, sites: list[str]) -> str | None:
         """The site whose update of round ``rnd`` was written last (the one the round waited for)."""

@@ -4,8 +4,10 @@ running one (rule ``job.one-run-at-a-time``), and audited.
 The hold is a Prefect global concurrency limit of one slot per job id (``insitu-job-<job id>``, created on the
 job's first run and kept for its re-runs), taken with a lease the holder renews while it runs: taking it is one
 atomic step on the server, so two runs started together cannot both pass (no check-then-act). A holder that
-crashed stops renewing, and its hold lapses ``LEASE_S`` after its last renewal: a re-run by the job id whose
-earlier run is no longer active waits for that, instead of being refused.
+crashed stops renewing, and its hold lapses ``LEASE_S`` after its last renewal: a re-run whose earlier run is over
+waits for that. A slot that stays taken past it with no run of the job active (the server lost the lease) is given
+back, audited as ``job.hold-reset``. The platform's Prefect server keeps leases on disk, so a restart loses none.
+A renewal that fails (the Prefect server restarting) does not stop the job.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from contextlib import ExitStack, contextmanager
 from uuid import UUID
 
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
 from prefect.client.schemas.filters import (
     FlowFilter,
     FlowFilterName,
@@ -33,7 +35,7 @@ from insitu.governance.audit_service import Auditor
 log = logging.getLogger(__name__)
 
 RULE = "job.one-run-at-a-time"
-LEASE_S = 60.0  # a crashed holder's hold lapses this long after its last renewal
+LEASE_S = 60.0  # a crashed holder's lease lapses this long after its last renewal
 ACQUIRE_S = 2.0  # how long a run tries before it asks who holds its job
 ACTIVE = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.PAUSED, StateType.CANCELLING]
 
@@ -46,18 +48,22 @@ def limit_name(job_id: str) -> str:
     return f"insitu-job-{job_id}"
 
 
-def _ensure_limit(name: str) -> None:
-    """The job's one-slot limit, made by its first run (two runs making it at once: one makes it, both use it)."""
+def _ensure_limit(name: str, audit: Auditor, job_id: str, flow_run_id: str | None) -> None:
+    """The job's one-slot limit, made by its first run (two runs making it at once: one makes it, both use it).
+    One that was changed (more slots, inactive: it would hold nothing) is put back, audited."""
     with get_client(sync_client=True) as c:
         try:
-            c.read_global_concurrency_limit_by_name(name)
-            return
+            found = c.read_global_concurrency_limit_by_name(name)
         except ObjectNotFound:
-            pass
-        try:
-            c.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
-        except ObjectAlreadyExists:
-            pass
+            try:
+                c.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+            except ObjectAlreadyExists:
+                pass
+            return
+        if found.limit != 1 or not found.active:
+            c.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=1, active=True))
+            audit.append("job.hold-repaired", job_id=job_id, flow_run_id=flow_run_id, limit=name,
+                         was={"limit": found.limit, "active": found.active})
 
 
 def active_runs(job_id: str, but: str | None) -> list[FlowRun]:
@@ -73,12 +79,13 @@ def active_runs(job_id: str, but: str | None) -> list[FlowRun]:
 def one_run_per_job(job_id: str, flow_run_id: str | None, audit: Auditor) -> Iterator[None]:
     """Hold ``job_id`` for the body; refuse (audited) if another run of it is running."""
     name = limit_name(job_id)
-    _ensure_limit(name)
+    _ensure_limit(name, audit, job_id, flow_run_id)
     holder = ConcurrencyLeaseHolder(type="flow_run", id=UUID(flow_run_id)) if flow_run_id else None
 
     def hold(timeout_s: float) -> object:
+        # strict: a missing limit is an error, not a pass; a failed renewal (the server restarting) is not fatal
         return concurrency(name, occupy=1, timeout_seconds=timeout_s, lease_duration=LEASE_S, strict=True,
-                           holder=holder)
+                           holder=holder, raise_on_lease_renewal_failure=False)
 
     with ExitStack() as stack:
         try:
@@ -87,13 +94,25 @@ def one_run_per_job(job_id: str, flow_run_id: str | None, audit: Auditor) -> Ite
             others = active_runs(job_id, flow_run_id)
             if others:
                 _refuse(job_id, flow_run_id, audit, others)
-            # Held by a run that is over (it crashed, so it never let go): its hold lapses when its lease does.
+            # Held by a run that is over: it crashed without letting go. Its lease lapses (and the server gives the
+            # slot back) within LEASE_S of its last renewal; wait for that.
             log.warning("job %s is still held by a run that ended without letting go; waiting up to %.0fs for its "
                         "hold to lapse", job_id, LEASE_S)
             try:
                 stack.enter_context(hold(LEASE_S + 30))  # type: ignore[arg-type]
             except TimeoutError:
-                _refuse(job_id, flow_run_id, audit, active_runs(job_id, flow_run_id))
+                if active_runs(job_id, flow_run_id):
+                    _refuse(job_id, flow_run_id, audit, active_runs(job_id, flow_run_id))
+                # No lease left to lapse (the server lost it): give the slot back ourselves, audited. Two runs doing
+                # this at once each see the other as active just above, and are refused.
+                with get_client(sync_client=True) as c:
+                    c.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(active_slots=0))
+                audit.append("job.hold-reset", job_id=job_id, flow_run_id=flow_run_id, limit=name,
+                             reason="the run that held the job is over and its hold never lapsed")
+                try:
+                    stack.enter_context(hold(ACQUIRE_S))  # type: ignore[arg-type]
+                except TimeoutError:
+                    _refuse(job_id, flow_run_id, audit, active_runs(job_id, flow_run_id))
         yield
 
 

@@ -77,9 +77,10 @@ def inside_site(p: Platform, site: str) -> bool:
     if p.network is None or inside(p.network.ns(site)):
         return False
     with p.within(site):
+        # From the caller's directory, so that its relative paths (a FILE to put) mean what they meant here.
         code = subprocess.call([sys.executable, "-m", "deployments.cli", *sys.argv[1:]],
-                               env={**p.operator_env(), "INSITU_HOME": str(p.dir), "INSITU_CONF": str(p.conf_dir)},
-                               cwd=str(REPO))
+                               env={**p.operator_env(), "INSITU_HOME": str(p.dir), "INSITU_CONF": str(p.conf_dir),
+                                    "PYTHONPATH": str(REPO)})
     raise typer.Exit(code)
 
 

@@ -60,8 +60,8 @@ def seed(
                                  param_hint="--site")
     if p.network is not None and len(site) != 1:  # isolated: each store from inside its own site
         code = 0
-        again = [sys.executable, "-m", "deployments.cli", "seed", "--state-dir", str(state_dir), "--conf",
-                 str(conf), "--rows", str(rows), "--seed", str(random_seed), "--corrupt-shard", corrupt_shard,
+        again = [sys.executable, "-m", "deployments.cli", "seed", "--state-dir", str(p.dir), "--conf",
+                 str(p.conf_dir), "--rows", str(rows), "--seed", str(random_seed), "--corrupt-shard", corrupt_shard,
                  "--dataset", dataset, *(["--training", training] if training else [])]
         for s in site or c.sites.names:
             code = max(code, run_in_site(p, s, [*again, "--site", s]).returncode)

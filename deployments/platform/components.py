@@ -117,7 +117,9 @@ class Components:
              str(self._urls.port("prefect")), "--analytics-off"],
             {**self._envs.base(), "PREFECT_HOME": str(self._paths.prefect_server_home),
              "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": api, "PREFECT_API_URL": api,
-             "PREFECT_SERVER_API_AUTH_STRING": self._state.prefect_auth, **self._prefect_database()},
+             "PREFECT_SERVER_API_AUTH_STRING": self._state.prefect_auth, **self._prefect_database(),
+             # Concurrency leases (a job's hold, tasks.job_lease) on disk in its home: a restart keeps them.
+             "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": "prefect.server.concurrency.lease_storage.filesystem"},
             lambda: http_ok(self._urls.prefect_api_url + "/health"),
             timeout=120, netns=self.netns(None),
         )

@@ -53,17 +53,17 @@ def entered(ns: str | None) -> Iterator[None]:
         yield
         return
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = -1
     try:
         target = os.open(f"{NETNS_DIR}/{ns}", os.O_RDONLY)
         try:
-            _setns(target)
-        finally:
-            os.close(target)
-        try:
+            _setns(target)  # inside the try: an interrupt right after it still brings the thread home
             yield
         finally:
             _setns(home)
     finally:
+        if target >= 0:
+            os.close(target)
         os.close(home)
 
 

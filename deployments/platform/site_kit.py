@@ -12,7 +12,6 @@ from the operator's state and starts each site from it, by the same code.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -60,15 +59,12 @@ def build(state: PlatformState, urls: Endpoints, site: str, root: Path, netns: s
 
 def write(path: Path, kit: dict[str, Any]) -> bool:
     """Write the kit (0600) when its content changed; returns whether it did."""
-    if path.is_file() and json.loads(path.read_text()) == kit:
+    from insitu.governance.identity import write_private
+
+    if path.is_file() and not path.is_symlink() and json.loads(path.read_text()) == kit:
         return False
-    text = json.dumps(kit, indent=2)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_private(path, json.dumps(kit, indent=2))  # a fresh file renamed over it: a planted link is replaced
     return True
 
 

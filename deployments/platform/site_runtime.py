@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -140,9 +141,16 @@ class SiteRuntime:
         if old == str(self.root):
             return False
         ident = self._paths.identity_file(self.site)
-        st = ident.stat()
-        raw = json.loads(ident.read_text())
-        for key in ("audit_log", "policy"):
+        admin = self._actors.admin_account(self.site)
+        # Read through one descriptor that is not a link, of a file the site's admin owns: nothing swapped in between
+        # can make root copy another file into the identity.
+        fd = os.open(ident, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_uid not in (admin.uid, 0):
+                raise PlatformError(f"{ident} is not a regular file of {admin.name}: refusing to relocate it")
+            raw = json.loads(f.read())
+        for key in ("audit_log", "policy", "audit_socket"):
             if isinstance(raw.get(key), str) and raw[key].startswith(old + "/"):
                 raw[key] = str(self.root) + raw[key][len(old):]
         from insitu.governance.identity import write_private

@@ -12,7 +12,7 @@ from pydantic import Field, HttpUrl
 from insitu.conf.strict import Strict
 
 AlertKind = Literal["site-run-failed", "site-run-late", "site-dropped", "slow-round", "gate-refused",
-                    "audit-verification-failed"]
+                    "audit-verification-failed", "pool-paused", "run-forced", "run-cancelled"]
 ALERT_KINDS: tuple[str, ...] = AlertKind.__args__  # type: ignore[attr-defined]
 
 
@@ -29,7 +29,9 @@ class AlertsConfig(Strict):
     """Which alerts to send: ``site-run-failed`` (a site's flow run failed or crashed), ``site-run-late`` (a site's
     run not picked up in time: its worker or pool is down), ``site-dropped`` (a round went on without a site),
     ``slow-round`` (a round slower than ``slow_round_factor`` × the job's median round), ``gate-refused`` (the
-    gate kept the champion), ``audit-verification-failed`` (an actor's audit log does not verify)."""
+    gate kept the champion), ``audit-verification-failed`` (an actor's audit log does not verify), and what the
+    shared Prefect credential can do to a job: ``pool-paused``, ``run-forced``, ``run-cancelled`` (a site's pool
+    paused, a site's run's state forced or cancelled by someone else; docs/security.md)."""
     slow_round_factor: Annotated[float, Field(gt=1.0)] = 3.0
     """A round counts as slow when it takes more than this multiple of the median of the job's rounds before it
     (judged from the third round on)."""

@@ -20,8 +20,9 @@ def dropped(rnd: int, missing: list[str], rejected: dict[str, str], deadline_s: 
     """One alert per site the round went on without: late (no update by the deadline) or its update rejected."""
     out = [Alert(SITE_DROPPED, s, "train", f"round {rnd} went on without {s}: its update was rejected: {why}")
            for s, why in sorted(rejected.items())]
-    out += [Alert(SITE_DROPPED, s, "train", f"round {rnd} went on without {s}: no update within the round deadline "
-                                            f"({deadline_s:.0f}s)") for s in sorted(set(missing) - set(rejected))]
+    out += [Alert(SITE_DROPPED, s, "train", f"round {rnd} went on without {s}: no update from it in the round (its "
+                                            f"run ended, or the {deadline_s:.0f}s deadline passed)")
+            for s in sorted(set(missing) - set(rejected))]
     return out
 
 

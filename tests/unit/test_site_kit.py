@@ -71,8 +71,8 @@ def test_a_kit_copied_to_a_site_s_host_points_its_identity_there(platform: Platf
     _kit(p, "eu")
     ident = p.identity_file("eu")
     ident.parent.mkdir(parents=True)
-    ident.write_text(json.dumps({"actor": "eu", "audit_log": str(p.audit_log("eu")),
-                                 "policy": str(p.policy_file("eu")), "work_pool": "insitu-eu"}))
+    ident.write_text(json.dumps({"actor": "eu", "audit_log": str(p.audit_log("eu")), "work_pool": "insitu-eu",
+                                 "policy": str(p.policy_file("eu")), "audit_socket": str(p.audit_socket("eu"))}))
     host = tmp_path / "eu-host"
     for d in ("admin/eu", "sites"):
         shutil.copytree(p.dir / d, host / d)
@@ -81,6 +81,7 @@ def test_a_kit_copied_to_a_site_s_host_points_its_identity_there(platform: Platf
     moved = json.loads((host / "admin" / "eu" / "identity.json").read_text())
     assert moved["audit_log"] == str(host / "audit" / "eu" / "eu.jsonl")
     assert moved["policy"] == str(host / "admin" / "eu" / "policy.json")
+    assert moved["audit_socket"] == str(host / "audit" / "eu.sock")  # one network: the socket is a file there
     assert json.loads(site_kit.kit_file(host, "eu").read_text())["root"] == str(host)
     assert not SiteRuntime(host, "eu", conf_dir).relocate()  # once
 
@@ -109,3 +110,17 @@ def test_the_site_s_admin_says_where_the_control_plane_is(platform: Platform, co
     for bad in ("http://x", "x:80", ""):
         with pytest.raises(PlatformError, match="host name or address only"):
             runtime.reach_control_plane_at(bad)
+
+
+def test_relocation_reads_no_file_a_link_points_at(platform: Platform, conf_dir: Path, tmp_path: Path) -> None:
+    p = platform
+    _kit(p, "eu")
+    host = tmp_path / "eu-host"
+    shutil.copytree(p.dir / "sites", host / "sites")
+    (host / "admin" / "eu").mkdir(parents=True)
+    secret = tmp_path / "state.json"
+    secret.write_text('{"secrets": "the operator\'s"}')
+    (host / "admin" / "eu" / "identity.json").symlink_to(secret)
+    with pytest.raises(OSError):
+        SiteRuntime(host, "eu", conf_dir).relocate()
+    assert (host / "admin" / "eu" / "identity.json").is_symlink()  # left as it was, nothing copied
