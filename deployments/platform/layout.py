@@ -13,8 +13,6 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from deployments.platform.actors import COORDINATOR, Actors
@@ -106,13 +104,6 @@ class Layout:
                         policy=p.policy_file(actor) if site else None,
                         admins=self._principals.site_admins(actor) if site else {},
                         **self.admin.identity_fields(actor))  # type: ignore[arg-type]
-
-    def install_default_policies(self, within: Callable[[str], AbstractContextManager[Any]] | None = None) -> None:
-        """The platform's default policy for each site that has none yet (once its audit service runs), each from
-        ``within(site)`` (an isolated site's audit service is reachable from its own namespace only)."""
-        for site in self._actors.sites.names:
-            with (within or (lambda _: nullcontext()))(site):
-                self.install_default_policy(site)
 
     def install_default_policy(self, site: str) -> None:
         """The platform's default policy for ``site`` if it has none yet (or the one an older platform kept)."""
