@@ -51,7 +51,7 @@ def job_summary(
         "config_hash": conf.config_hash,
         "rounds": len(rounds),
         "rounds_detail": [{"round": r["round"], "sites": r["sites"], "missing": r["missing"],
-                           "rejected": r.get("rejected", {})} for r in rounds],
+                           "rejected": r.get("rejected", {}), "seconds": r.get("seconds")} for r in rounds],
         "sites": sites,
         "global_metrics": global_metrics,
         "bytes_crossed": crossed,

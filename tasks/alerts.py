@@ -52,6 +52,7 @@ class RunWatch:
         seconds, self._round_started = now - self._round_started, now
         if result.get("resumed"):
             return  # aggregated by an earlier run of the job: not a round this run waited for
+        result["seconds"] = round(seconds, 3)  # into the job's summary (`insitu status` shows the last job's)
         sites, missing = list(result.get("sites", [])), list(result.get("missing", []))
         self._dropped -= set(sites)  # back in: a later drop is news again
         for alert in dropped(rnd, missing, result.get("rejected", {}), deadline_s):

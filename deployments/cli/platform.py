@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -116,11 +116,13 @@ def status(state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) ->
     if not is_up(p):  # after `down` there is nothing to show, and no UI answers at those addresses
         console.print(down_line(p))
         return
+    components = p.status()
     t = Table("component", "pid", "running", "healthy")
-    for name, s in p.status().items():
+    for name, s in components.items():
         t.add_row(name, str(s["pid"] or "-"), "yes" if s["running"] else "no",
                   "[green]yes[/green]" if s["healthy"] else "[red]no[/red]")
     console.print(t)
+    print_site_health(p, components)
     net = p.network
     if net is not None:
         console.print(f"isolated: {net.network}; the control plane at {net.control_address(None)} from here; "
@@ -134,6 +136,49 @@ def status(state_dir: StateDir = DEFAULT_STATE, conf: ConfDir = DEFAULT_CONF) ->
     console.print("Put a site's own file into its store: `insitu data put FILE --site eu [--key raw/…]`; "
                   "list it: `insitu data ls --site eu`.")
     print_urls(p)
+
+
+def print_site_health(p: Platform, components: dict[str, dict[str, Any]]) -> None:
+    """One row per site: worker heartbeat, late runs, the last job's round times, and why it is degraded."""
+    from deployments.platform.health import prefect_headers
+    from deployments.platform.site_health import PrefectView, site_health
+
+    t = Table("site", "worker heartbeat", "late runs", "last job: seconds per round", "health")
+    prefect = PrefectView(p.prefect_api_url, prefect_headers(p.prefect_auth))
+    try:
+        for site in p.sites.sites:
+            h = site_health(site.name, site.work_pool, prefect, site_probes(components, site.name, site.work_pool),
+                            lambda job: read_summary(p, job))
+            why = h.problems()
+            health = "[green]healthy[/green]" if not why else "[red]degraded[/red]: " + "; ".join(why)
+            t.add_row(site.name, h.heartbeat_line(), "?" if h.late_runs is None else str(h.late_runs),
+                      h.rounds_line(), health)
+    finally:
+        prefect.close()
+    console.print(t)
+
+
+def site_probes(components: dict[str, dict[str, Any]], site: str, pool: str) -> dict[str, bool | None]:
+    """The platform's probes of ``site``'s parts (None: a part this platform did not start)."""
+    def probe(name: str, running_only: bool = False) -> bool | None:
+        s = components.get(name)
+        if s is None or s["pid"] is None:
+            return None
+        return bool(s["running"] if running_only else s["healthy"])
+
+    return {"worker": probe(f"worker-{pool}", running_only=True), "store": probe(f"s3-{site}"),
+            "dask": probe(f"dask-scheduler-{site}"), "audit": probe(f"audit-{site}")}
+
+
+def read_summary(p: Platform, job: str) -> dict[str, Any] | None:
+    """The summary of ``job`` on the exchange (as the operator reads it), None while it has none."""
+    from insitu.federated.exchange import Exchange
+    from insitu.federated.kinds import COORDINATOR
+    from insitu.federated.paths import SUMMARY
+    from insitu.storage import store_from_env
+
+    ex = Exchange(store_from_env(p.sites.exchange, "exchange"), job, writer="operator")
+    return ex.get_json(SUMMARY, writer=COORDINATOR) if ex.exists(SUMMARY, writer=COORDINATOR) else None
 
 
 def down_line(p: Platform) -> str:

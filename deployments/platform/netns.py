@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = "/run/netns"
 CONTROL = "cp"  # the control plane's namespace (by its short name)
+# The protocol number our host route carries: `down` removes the unreachable route it finds with this tag only, never
+# one an administrator added for the same range.
+ROUTE_PROTO = "186"
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -131,8 +134,12 @@ class NetPlan:
 
     @classmethod
     def from_record(cls, rec: dict[str, Any], sites: list[str] | None = None) -> NetPlan:
-        """The recorded plan; for ``sites`` when given (a site added to sites.yaml gets a border of its own)."""
-        return cls(str(rec["tag"]), int(rec["octet"]), tuple(sites if sites is not None else rec["sites"]))
+        """The recorded plan, with a border for each of ``sites`` not in it yet (a site added to sites.yaml).
+
+        A recorded site keeps its link number and address for as long as the platform is isolated, even when
+        sites.yaml drops or reorders it: the numbers name links that exist, and ``down`` removes every one."""
+        recorded = [str(s) for s in rec["sites"]]
+        return cls(str(rec["tag"]), int(rec["octet"]), tuple(recorded + [s for s in sites or [] if s not in recorded]))
 
     def record(self) -> dict[str, Any]:
         return {"tag": self.tag, "octet": self.octet, "sites": list(self.sites)}
@@ -176,9 +183,26 @@ class NetPlan:
         """The namespaces of this plan that exist now."""
         return [n for n in self.namespaces if os.path.exists(f"{NETNS_DIR}/{n}")]
 
+    def _our_route(self) -> bool:
+        return bool(_ip("route", "show", self.network, "type", "unreachable", "proto", ROUTE_PROTO).stdout.strip())
+
+    def _check_range_free(self) -> None:
+        """The recorded range still overlaps nothing of the host's but ours (an interface or a VPN route may have
+        arrived since it was chosen)."""
+        ours = ipaddress.ip_network(self.network)
+        host_link = ipaddress.ip_interface(f"{self.host_address}/24").network
+        linked = _ip("link", "show", self._link(0)[0], check=False).returncode == 0
+        clash = [n for n in _host_networks() if n.overlaps(ours) and not (n == host_link and linked)
+                 and not (n == ours and self._our_route())]
+        if clash:
+            raise PlatformError(f"the isolated platform's range {self.network} now overlaps {clash[0]} on this host: "
+                                f"stop it with `insitu down` (the range is chosen again on the next `insitu up "
+                                f"--isolated`)")
+
     def create(self) -> None:
         """Make every namespace and link that is missing (idempotent), no namespace forwarding."""
         cp = self.ns(CONTROL)
+        self._check_range_free()
         for n in self.namespaces:
             if not os.path.exists(f"{NETNS_DIR}/{n}"):
                 _ip("netns", "add", n)
@@ -192,8 +216,8 @@ class NetPlan:
         _ip("link", "set", host_end, "up")
         _ip("-n", cp, "link", "set", cp_end, "up")
         # The rest of the /16 is unreachable from the host: never sent to its default gateway (off this machine).
-        if not _ip("route", "show", self.network, "type", "unreachable").stdout.strip():
-            _ip("route", "add", "unreachable", self.network)
+        if not self._our_route():
+            _ip("route", "add", "unreachable", self.network, "proto", ROUTE_PROTO)
         for site in self.sites:
             k = self._index(site)
             cp_end, site_end = self._link(k)
@@ -215,8 +239,8 @@ class NetPlan:
         host_end, _ = self._link(0)
         if _ip("link", "show", host_end, check=False).returncode == 0:
             _ip("link", "del", host_end)
-        if _ip("route", "show", self.network, "type", "unreachable").stdout.strip():
-            _ip("route", "del", "unreachable", self.network)
+        if self._our_route():
+            _ip("route", "del", "unreachable", self.network, "proto", ROUTE_PROTO)
         return gone
 
     def cut(self, site: str, down: bool = True) -> None:
@@ -237,7 +261,11 @@ def choose_network(state: dict[str, Any], state_dir: Path, sites: list[str], iso
     recorded = state.get("isolated")
     want = bool(recorded) if isolated is None else isolated
     if want == bool(recorded):
-        return NetPlan.from_record(recorded, sites) if recorded else None
+        if not recorded:
+            return None
+        plan = NetPlan.from_record(recorded, sites)
+        state["isolated"] = plan.record()  # a site new in sites.yaml keeps the link number it gets now
+        return plan
     if running:
         now = "isolated" if recorded else "on one network"
         raise PlatformError(f"the platform in {state_dir} is running {now} ({', '.join(running[:3])}, …): stop it "

@@ -8,6 +8,7 @@ every process runs as the caller, and only file modes and separate environments 
 
 from __future__ import annotations
 
+import errno
 import grp
 import logging
 import os
@@ -71,8 +72,22 @@ def own(path: Path, account: Account, mode: int) -> None:
 
 
 def make_private_dir(path: Path, account: Account, mode: int = 0o700) -> Path:
+    """``path`` as a directory owned by ``account`` with ``mode``; a symlink in its place is refused (as root,
+    following one would hand whatever it points at to the account)."""
     path.mkdir(parents=True, exist_ok=True)
-    own(path, account, mode)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise PermissionError(f"{path} is a symlink, not a directory: refused (remove it; the platform makes "
+                                  f"its directories itself)") from e
+        raise
+    try:
+        if os.geteuid() == 0:
+            os.fchown(fd, account.uid, account.gid)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
     return path
 
 

@@ -9,6 +9,10 @@ request.present); the slow round is a real job whose site ``eu`` its own operato
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -111,3 +115,34 @@ def test_a_failed_site_run_and_a_slow_round_reach_the_webhook_once_each(deployed
     assert slow["site"] == "eu" and "the last update came from eu" in slow["reason"], slow  # the straggler
     assert not receiver.of("site-dropped", job)  # every site made every round
     assert not receiver.of("site-run-failed", job)
+
+    # ---- `insitu status`: every site healthy, with this job's round times (eu's slow round 2 the longest)
+    rows = _site_rows(p)
+    assert set(rows) == set(p.sites.names), rows
+    for row in rows.values():
+        assert row.endswith("healthy") and f"{job}: " in row, row
+    times = [float(t) for t in rows["eu"].split(f"{job}: ")[1].split(" s")[0].split(", ")]
+    assert len(times) == 3 and times[2] > max(times[:2]) and times[2] >= 20.0, rows["eu"]
+
+    # ---- a site's audit service down: that site is degraded, and says why; back once it is restarted
+    os.kill(p.state["pids"]["audit-us"], signal.SIGKILL)
+    try:
+        row = _site_rows(p)["us"]
+        assert "degraded: its audit service does not answer" in row, row
+        assert _site_rows(p)["eu"].endswith("healthy")
+    finally:
+        assert p.up()["started"] == ["audit-us"]
+    assert _site_rows(p)["us"].endswith("healthy")
+
+
+def _site_rows(p: Platform) -> dict[str, str]:
+    """``insitu status``'s per-site rows, as the operator's terminal shows them (one line each, wide)."""
+    out = subprocess.run([sys.executable, "-m", "deployments.cli", "status", "--state-dir", str(p.dir), "--conf",
+                          str(p.conf_dir)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COLUMNS": "400"}, check=True).stdout
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("│┃").split("│")]
+        if len(cells) == 5 and cells[0] in p.sites.names:
+            rows[cells[0]] = " | ".join(cells[1:])
+    return rows

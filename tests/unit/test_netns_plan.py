@@ -79,3 +79,26 @@ def test_a_border_relay_on_an_isolated_platform_listens_on_its_own_link_only(tmp
     assert urls.prefect_api_url_for("us") == f"http://10.77.2.1:{p.port('prefect')}/api"  # no border profile
     config = json.loads(borders.write_config("eu").read_text())
     assert config["bind"] == "10.77.1.1"  # the control plane's end of eu's link: no other site reaches it
+
+
+def test_a_site_keeps_its_link_when_sites_yaml_drops_or_reorders_sites() -> None:
+    rec = NetPlan("abc123", 77, ("eu", "us", "apac")).record()
+    later = NetPlan.from_record(rec, ["apac", "latam", "eu"])  # us dropped, the rest reordered, latam added
+    assert later.site_address("eu") == "10.77.1.2" and later.site_address("apac") == "10.77.3.2"
+    assert later.site_address("latam") == "10.77.4.2"
+    assert "insitu-abc123-us" in later.namespaces  # `down` still removes the dropped site's namespace
+    state = {"isolated": rec}
+    plan = choose_network(state, Path("/x"), ["eu", "latam"], None, True, [])
+    assert plan is not None and state["isolated"]["sites"] == ["eu", "us", "apac", "latam"]
+
+
+def test_a_range_that_something_else_took_since_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import deployments.platform.netns as netns
+
+    plan = NetPlan("abc123", 77, ("eu",))
+    monkeypatch.setattr(netns, "_host_networks", lambda: [ipaddress.ip_network("10.77.9.0/24")])
+    monkeypatch.setattr(netns, "_ip", lambda *a, **kw: __import__("subprocess").CompletedProcess(a, 1, "", ""))
+    with pytest.raises(PlatformError, match=r"10.77.0.0/16 now overlaps 10.77.9.0/24.*insitu down"):
+        plan._check_range_free()
+    monkeypatch.setattr(netns, "_host_networks", lambda: [ipaddress.ip_network("10.78.0.0/16")])
+    plan._check_range_free()

@@ -124,3 +124,16 @@ def test_relocation_reads_no_file_a_link_points_at(platform: Platform, conf_dir:
     with pytest.raises(OSError):
         SiteRuntime(host, "eu", conf_dir).relocate()
     assert (host / "admin" / "eu" / "identity.json").is_symlink()  # left as it was, nothing copied
+
+
+def test_a_platform_directory_replaced_by_a_symlink_is_refused_not_followed(tmp_path: Path) -> None:
+    from deployments.platform.users import current_account, make_private_dir
+
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o755)
+    (tmp_path / "logs").symlink_to(target)
+    with pytest.raises(PermissionError, match="is a symlink"):
+        make_private_dir(tmp_path / "logs", current_account(), 0o700)
+    assert oct(target.stat().st_mode & 0o777) == "0o755"  # what the link points at is untouched
+    made = make_private_dir(tmp_path / "audit" / "eu", current_account(), 0o700)
+    assert oct(made.stat().st_mode & 0o777) == "0o700"

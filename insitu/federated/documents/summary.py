@@ -34,6 +34,8 @@ class RoundDetail(Doc):
     sites: Annotated[list[Site], Field(max_length=MAX_SITES)]
     missing: Annotated[list[Site], Field(max_length=MAX_SITES)]
     rejected: Annotated[dict[Site, Text], Field(max_length=MAX_SITES)] = {}  # why a site's update was not used
+    # the round's wall time as the coordinator waited for it (None: reused from an earlier run of the job, or async)
+    seconds: Annotated[float, Field(ge=0, le=7 * 24 * 3600)] | None = None
 
 
 class SiteSummary(Doc):
