@@ -3,7 +3,9 @@
 On the shared platform (everything it holds must come back, so the tests after this one run on a restarted
 platform): a shard is put with ``insitu data put``; a job is cancelled after its first round; the platform is
 stopped and started again. ``up`` reports every store consistent, the shard and the job's exchange objects are
-byte for byte what they were, the cancelled job resumes by its id and registers, and a new job on the same data
+byte for byte what they were; a different configuration under the job's id is refused; the cancelled job resumes
+by its id after its last finished round (its preparation and round 0 reused, not redone; each round logged to
+MLflow once, on the same parent run) and registers one version; and a new job on the same data
 runs while the exchange's endpoint is killed with SIGKILL and restarted: nothing the exchange acknowledged before
 the kill is missing, and the job completes (at once, or re-run by its id). ``insitu audit verify`` checks every
 log against the anchors kept on the exchange, and finds them all.
@@ -25,6 +27,8 @@ from platform_helpers import (
     cancel_job,
     coordinator_exchange,
     e2e_name,
+    flow_run_logs,
+    flow_runs_named,
     shipped_training,
     site_store,
     start_retrain,
@@ -83,8 +87,11 @@ def test_down_up_and_a_killed_store_lose_nothing(deployed: Platform, shared_conf
     run = start_retrain(params(first))
     wait_for_file(ex, f"{EXCHANGE}/jobs/{first}/weights/coordinator/round-0001.manifest.json", 600,
                   "round 0 was never aggregated")
-    assert cancel_job(run, first).state.is_cancelled()
+    assert cancel_job(run, first).state.is_cancelled()  # with its site runs, each one final
     job_before = _objects(ex, f"{EXCHANGE}/jobs/{first}/")
+    # the premise: the job stopped inside round 1, so the re-run has a round left to train
+    assert f"{EXCHANGE}/jobs/{first}/weights/coordinator/round-0002.manifest.json" not in job_before, "round 1 ended"
+    assert f"{EXCHANGE}/jobs/{first}/summary/coordinator/summary.json" not in job_before
     eu_before = _objects(eu, "insitu-eu/")
     anchors_before = _objects(ex, f"{EXCHANGE}/anchors/")
     assert job_before and anchors_before
@@ -104,13 +111,33 @@ def test_down_up_and_a_killed_store_lose_nothing(deployed: Platform, shared_conf
     assert _objects(eu, "insitu-eu/") == eu_before
     assert _objects(ex, f"{EXCHANGE}/anchors/").items() >= anchors_before.items()
 
-    # ---- the cancelled job resumes by its id: round 0 reused, one version registered
+    # ---- a different configuration under the same job id is refused, and says what to do
+    other = _run({**params(first), "rounds": 3, "request": signer(training, first, overrides={"rounds": 3})}, 300)
+    assert other.state.is_failed()
+    assert "Re-run it with the same training config" in other.state.message, other.state.message
+
+    # ---- the cancelled job resumes by its id: its preparation and round 0 reused, one version registered
     resumed = _run(params(first))
     assert resumed.state.is_completed(), resumed.state.message
-    for path in [p for p in job_before if "/weights/coordinator/round-0001" in p]:
+    round0 = [p for p in job_before if "/weights/coordinator/round-0001" in p
+              or ("/update/" in p and p.endswith("/round-0000.manifest.json"))]
+    assert len(round0) >= 4, round0  # the coordinator's global model after round 0, and every site's update
+    for path in round0:
         assert hashlib.sha256(ex.fs.cat_file(path)).hexdigest() == job_before[path], f"{path} was rewritten"
+    for s in deployed.sites.names:
+        logs = flow_run_logs([r.id for r in flow_runs_named(f"site-train-{s}-{first}", exact=True)])
+        assert any("round 0 already published by this site" in m for m in logs), s
+    assert len(flow_runs_named(f"site-prepare-eu-{first}")) == 1, "the re-run must reuse the job's preparation"
     client = MlflowClient(deployed.mlflow_url)
     assert [v.tags.get("job_id") for v in client.search_model_versions(f"name = '{MODEL}'")] == [first]
+    tagged = client.search_runs([client.get_experiment_by_name("insitu-fraud").experiment_id],
+                                f"tags.job_id = '{first}'")
+    parents = [r for r in tagged if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1, "the re-run must continue the job's MLflow run, not start another"
+    children = [r for r in tagged if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert {r.data.tags["site"] for r in children} == set(deployed.sites.names)
+    for r in children:  # each round logged exactly once, across both attempts
+        assert [m.step for m in client.get_metric_history(r.info.run_id, "train_loss")] == [0, 1]
 
     # ---- a new job on the same data; the exchange's endpoint is killed mid-job and started again
     second = f"e2e-restart-{uuid.uuid4().hex[:6]}"
