@@ -154,13 +154,14 @@ def test_a_slow_round_reaches_the_webhook_once(watched: dict[str, Any], receiver
 
 def test_status_shows_each_sites_health_and_why_one_is_degraded(deployed: Platform, watched: dict[str, Any]) -> None:
     p, job = deployed, watched["job"]
-    # every site healthy, with this job's round times (eu's slow round 2 the longest)
+    # every site healthy, with this job's round times (eu's round 2 slower than round 1)
     rows = _site_rows(p)
     assert set(rows) == set(p.sites.names), rows
     for row in rows.values():
         assert row.endswith("healthy") and f"{job}: " in row, row
     times = [float(t) for t in rows["eu"].split(f"{job}: ")[1].split(" s")[0].split(", ")]
-    assert len(times) == 3 and times[2] > max(times[:2]) and times[2] >= 20.0, rows["eu"]
+    # (round 0 also holds every site's training start, so it is compared with round 1 only)
+    assert len(times) == 3 and times[2] > times[1] and times[2] >= 20.0, rows["eu"]
 
     # a site's audit service down: that site is degraded, and says why; back once it is restarted
     os.kill(p.state["pids"]["audit-us"], signal.SIGKILL)
