@@ -44,7 +44,7 @@ from tasks.alerts import RunWatch
 from tasks.anchoring import countersign
 from tasks.claims import judge_evaluations
 from tasks.context import actor_identity, ran_as
-from tasks.dispatch import failed, leave_out_late, run_states, start_site_runs, wait_for_runs
+from tasks.dispatch import explained, failed, leave_out_late, run_states, start_site_runs, wait_for_runs
 from tasks.evaluate import read_evaluations
 from tasks.federation import FederatedRounds, publish_global_stats, publish_initial_weights
 from tasks.federation_async import run_async
@@ -265,9 +265,12 @@ def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> RoundsOutcome:
             job.watch.training_starts()
             outcome = run_rounds(rounds, training.rounds, selection)
     except Exception as e:
+        reason, error = explained(e, run_ids)  # with why each site whose run ended did
         # Tell the sites to stop waiting for weights that will not come, and free their workers.
-        exchange.put_abort(f"{type(e).__name__}: {e}")
-        job.audit.append("job.failed", job_id=job.job_id, phase="train", reason=str(e))
+        exchange.put_abort(f"{type(e).__name__}: {reason}")
+        job.audit.append("job.failed", job_id=job.job_id, phase="train", reason=reason)
+        if error is not e:
+            raise error from e
         raise
     for site, why in failed(wait_for_runs(run_ids, job.params.phase_timeout_s, on_poll=job.watch.on("train"))).items():
         logger.warning("site-train on %s did not complete: %s", site, why)

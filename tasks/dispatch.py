@@ -84,6 +84,27 @@ def failed(runs: dict[str, FlowRun]) -> dict[str, str]:
     return out
 
 
+def ended_without_completing(ids: dict[str, UUID]) -> dict[str, str]:
+    """Sites whose run has ended (failed, crashed, cancelled) rather than completed, with why; asked once. A job
+    that fails for want of sites names them with this (an orchestrator that does not answer: nothing to add)."""
+    try:
+        runs = run_states(ids)
+    except Exception:
+        return {}
+    return failed({s: r for s, r in runs.items() if r.state is not None and r.state.is_final()})
+
+
+def explained(e: Exception, ids: dict[str, UUID], phase: str = "site-train") -> tuple[str, Exception]:
+    """Why a phase failed, with why each site whose run ended did so (a site that failed closed, say): the operator
+    reads one message, not every site's run. Returns the reason and the error to raise (a quorum error carries the
+    sites' reasons; any other error is raised as it is)."""
+    from insitu.federated.rounds import QuorumError
+
+    ended = ended_without_completing(ids)
+    reason = f"{e}" + "".join(f"; {site}'s {phase} run ended {why}" for site, why in ended.items())
+    return reason, QuorumError(reason) if ended and isinstance(e, QuorumError) else e
+
+
 def cancel_runs(ids: dict[str, UUID]) -> list[str]:
     """Stop these runs (a site left out of a phase must not keep its workers busy): a run that has not started
     is cancelled at once (no worker would ever act on its Cancelling state), a running one is asked to stop.
