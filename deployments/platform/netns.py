@@ -192,7 +192,8 @@ class NetPlan:
         ours = ipaddress.ip_network(self.network)
         host_link = ipaddress.ip_interface(f"{self.host_address}/24").network
         linked = _ip("link", "show", self._link(0)[0], check=False).returncode == 0
-        clash = [n for n in _host_networks() if n.overlaps(ours) and not (n == host_link and linked)
+        # ours: the host link's /24 and its local and broadcast routes (/32s), and our unreachable /16
+        clash = [n for n in _host_networks() if n.overlaps(ours) and not (linked and n.subnet_of(host_link))
                  and not (n == ours and self._our_route())]
         if clash:
             raise PlatformError(f"the isolated platform's range {self.network} now overlaps {clash[0]} on this host: "

@@ -102,3 +102,8 @@ def test_a_range_that_something_else_took_since_is_refused(monkeypatch: pytest.M
         plan._check_range_free()
     monkeypatch.setattr(netns, "_host_networks", lambda: [ipaddress.ip_network("10.78.0.0/16")])
     plan._check_range_free()
+    # a running platform's own: its host link's /24 with the kernel's local and broadcast routes, its /16 route
+    ours = [ipaddress.ip_network(n) for n in ("10.77.0.0/24", "10.77.0.1/32", "10.77.0.255/32", "10.77.0.0/16")]
+    monkeypatch.setattr(netns, "_host_networks", lambda: ours)
+    monkeypatch.setattr(netns, "_ip", lambda *a, **kw: __import__("subprocess").CompletedProcess(a, 0, "x", ""))
+    plan._check_range_free()
