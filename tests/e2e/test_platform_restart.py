@@ -5,17 +5,14 @@ platform): a shard is put with ``insitu data put``; a job is cancelled after its
 stopped and started again. ``up`` reports every store consistent, the shard and the job's exchange objects are
 byte for byte what they were; a different configuration under the job's id is refused; the cancelled job resumes
 by its id after its last finished round (its preparation and round 0 reused, not redone; each round logged to
-MLflow once, on the same parent run) and registers one version; and a new job on the same data
-runs while the exchange's endpoint is killed with SIGKILL and restarted: nothing the exchange acknowledged before
-the kill is missing, and the job completes (at once, or re-run by its id). ``insitu audit verify`` checks every
-log against the anchors kept on the exchange, and finds them all.
+MLflow once, on the same parent run) and registers one version. ``insitu audit verify`` checks every log against
+the anchors kept on the exchange, and finds them all. (The exchange's endpoint killed under a running job:
+``test_control_plane_faults``.)
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -53,13 +50,6 @@ def _objects(store: Store, prefix: str) -> dict[str, str]:
     """Every object under ``prefix``: path → SHA-256 of its bytes."""
     store.fs.invalidate_cache()
     return {p: hashlib.sha256(store.fs.cat_file(p)).hexdigest() for p in store.fs.find(prefix)}
-
-
-def _listing(store: Store, prefix: str) -> dict[str, tuple[int, str]]:
-    """Every object under ``prefix``: path → (size, ETag: the MD5 of its bytes), in one listing (hashing a whole
-    exchange object by object took minutes on CI: the kill then came after the job it was meant to interrupt)."""
-    store.fs.invalidate_cache()
-    return {p: (int(d["size"]), str(d.get("ETag"))) for p, d in store.fs.find(prefix, detail=True).items()}
 
 
 def _run(params: dict[str, Any], timeout: float = 900) -> Any:
@@ -138,26 +128,6 @@ def test_down_up_and_a_killed_store_lose_nothing(deployed: Platform, shared_conf
     assert {r.data.tags["site"] for r in children} == set(deployed.sites.names)
     for r in children:  # each round logged exactly once, across both attempts
         assert [m.step for m in client.get_metric_history(r.info.run_id, "train_loss")] == [0, 1]
-
-    # ---- a new job on the same data; the exchange's endpoint is killed mid-job and started again
-    second = f"e2e-restart-{uuid.uuid4().hex[:6]}"
-    run = start_retrain(params(second))
-    wait_for_file(ex, f"{EXCHANGE}/jobs/{second}/weights/coordinator/round-0001.manifest.json", 600,
-                  "round 0 of the new job was never aggregated")
-    acknowledged = _listing(ex, f"{EXCHANGE}/")
-    os.kill(deployed.state["pids"]["s3-exchange"], signal.SIGKILL)
-    assert deployed.up()["started"] == ["s3-exchange"]  # same keys: no worker, no Dask restarted
-    after = _listing(coordinator_exchange(deployed), f"{EXCHANGE}/")
-    assert not sorted(set(acknowledged) - set(after))  # the job goes on writing; nothing it wrote is gone
-    # and what nothing writes again (earlier jobs' objects, anchors) is byte for byte what was acknowledged
-    fixed = [p for p in acknowledged if f"/jobs/{second}/" not in p]
-    assert fixed and not [p for p in fixed if after[p] != acknowledged[p]]
-    done = wait_for_flow_run(run, 900, poll_s=2)
-    if not done.state.is_completed():  # the outage may fail a step past its retries: a re-run by id resumes it
-        done = _run(params(second))
-    assert done.state.is_completed(), done.state.message
-    assert sorted(v.tags.get("job_id") for v in client.search_model_versions(f"name = '{MODEL}'")) == sorted(
-        [first, second])
 
     # ---- every log verifies against the anchors the exchange kept, across both restarts
     found = list_anchors(coordinator_exchange(deployed), deployed.audit_service_keys())
