@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 from platform_helpers import (
@@ -91,8 +92,13 @@ class _Attempts:
 
 
 def _kill(p: Platform, *names: str) -> None:
+    """SIGKILL each component with its children (MLflow's server runs uvicorn as a child: killed alone, that child
+    would outlive the test)."""
     for name in names:
-        os.kill(p.state["pids"][name], signal.SIGKILL)
+        proc = psutil.Process(p.state["pids"][name])
+        for child in proc.children(recursive=True):
+            child.send_signal(signal.SIGKILL)
+        os.kill(proc.pid, signal.SIGKILL)
 
 
 def test_a_job_survives_prefect_its_database_and_mlflow_going_down(deployed: Platform, shared_conf: Path,
