@@ -12,8 +12,8 @@ and every audit log verifies against the anchors the exchange keeps.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import signal
 import time
 import uuid
@@ -96,9 +96,10 @@ def _kill(p: Platform, *names: str) -> None:
     would outlive the test)."""
     for name in names:
         proc = psutil.Process(p.state["pids"][name])
-        for child in proc.children(recursive=True):
-            child.send_signal(signal.SIGKILL)
-        os.kill(proc.pid, signal.SIGKILL)
+        family = [proc, *proc.children(recursive=True)]  # listed before any dies (a parent may exit with its child)
+        for member in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.send_signal(signal.SIGKILL)
 
 
 def test_a_job_survives_prefect_its_database_and_mlflow_going_down(deployed: Platform, shared_conf: Path,
