@@ -10,10 +10,13 @@ pure, so the wording is unit-tested.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from insitu.conf import JOB_ID_PATTERN
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +114,9 @@ class PrefectView:
                                                        "sort": "EXPECTED_START_TIME_DESC", "limit": 1})
         r.raise_for_status()
         runs = r.json()
-        return str(runs[0]["parameters"].get("job_id")) if runs and runs[0]["parameters"].get("job_id") else None
+        job = str(runs[0]["parameters"].get("job_id") or "") if runs else ""
+        # a run's parameters are the caller's: only a well-formed job id names a place on the exchange to read
+        return job if re.fullmatch(JOB_ID_PATTERN, job) else None
 
 
 def site_health(site: str, pool: str, prefect: PrefectView, components: dict[str, bool | None],
