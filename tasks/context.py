@@ -140,8 +140,7 @@ def _admission_key(job_id: str) -> str:
 def _first_admission(store: Store, job_id: str) -> dict[str, Any] | None:
     """What this site recorded, in its own store, when it first admitted ``job_id`` (None the first time)."""
     try:
-        with store.fs.open(store.path(_admission_key(job_id)), "rb") as f:
-            return json.loads(f.read())
+        return json.loads(store.fs.cat_file(store.path(_admission_key(job_id))))  # one GET: rides out an outage
     except FileNotFoundError:
         return None
 

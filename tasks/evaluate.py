@@ -144,8 +144,7 @@ def _binding_key(job_id: str) -> str:
 def evaluation_binding(store: Store, job_id: str) -> str | None:
     """The global model this job's evaluation is bound to in the site's own store (None before the first)."""
     try:
-        with store.fs.open(store.path(_binding_key(job_id)), "rb") as f:
-            return json.loads(f.read())["model"]
+        return json.loads(store.fs.cat_file(store.path(_binding_key(job_id))))["model"]  # one GET
     except FileNotFoundError:
         return None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from insitu.federated.kinds import ExchangeError
+from insitu.outage import StoreUnavailable
 
 DETERMINISTIC: tuple[type[BaseException], ...] = (
     ValueError,  # ConfigError, schema and data errors ("no samples", a type rule): the same input fails again
@@ -14,6 +15,7 @@ DETERMINISTIC: tuple[type[BaseException], ...] = (
     PermissionError,  # PolicyRefused, ResidencyError, IdentityError, StorageAccessError: a decision, not a fault
     NotImplementedError,
     ExchangeError,  # the protocol refused an artefact: its writer would write the same one again
+    StoreUnavailable,  # a store stayed down for its whole outage bound: the bound is the operator's, not doubled
 )
 
 

@@ -28,8 +28,9 @@ class S3Endpoint:
     ``no_auth`` is ``INITIAL_NO_AUTH_ACTION_COUNT`` (the set-up calls allowed before every request must be signed);
     None leaves it unset, as an endpoint that was never provisioned would be."""
 
-    def __init__(self, log: Path, no_auth: int | None, data: Path | None = None, write_once: str = "") -> None:
-        self.port = free_port()
+    def __init__(self, log: Path, no_auth: int | None, data: Path | None = None, write_once: str = "",
+                 port: int | None = None) -> None:
+        self.port = port or free_port()  # a port: the same endpoint started again where its clients look for it
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "AWS_DEFAULT_REGION": "us-east-1"}
         env.pop("INITIAL_NO_AUTH_ACTION_COUNT", None)

@@ -11,6 +11,8 @@ from insitu.conf.names import ENV_NAME, SITE_NAME
 from insitu.conf.strict import Strict
 from insitu.conf.urls import normalise_store_url, stores_overlap
 
+DEFAULT_OUTAGE_S = 120.0
+
 
 class StorageRef(Strict):
     """Where a store lives and which environment variables hold its endpoint and keys."""
@@ -22,6 +24,9 @@ class StorageRef(Strict):
     """environment variable holding the access key id (the value never goes in a file)"""
     secret_env: Annotated[str, Field(pattern=ENV_NAME)] | None = None
     """environment variable holding the secret key"""
+    outage_s: Annotated[float, Field(ge=0, le=86_400)] = DEFAULT_OUTAGE_S
+    """how long a call to this store rides out its being unreachable (tried again after 1, 2, 4, 8, 16, 16, … s)
+    before the run fails naming it; 0: fail at the first unreachable answer"""
 
     @field_validator("storage")
     @classmethod

@@ -116,5 +116,6 @@ def load_rank_part_cached(store: Store, dataset: str, job_id: str, split: str, r
     if key not in _CACHE:
         while len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
-        _CACHE[key] = load_rank_part(store, dataset, job_id, split, rank, world)
+        _CACHE[key] = store.ride_out(load_rank_part, store, dataset, job_id, split, rank, world,
+                                     what=f"reading rank {rank}'s part of the prepared {split} split")
     return _CACHE[key]

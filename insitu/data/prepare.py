@@ -25,7 +25,7 @@ from insitu.data.limits import ShardLimits, check_shard
 from insitu.data.schema import REASON, validate
 from insitu.data.splits import split_of
 from insitu.federated.stats import combine, partial_stats
-from insitu.storage import Store
+from insitu.storage import Store, StoreUnavailable
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
@@ -117,7 +117,9 @@ def prepare_shard(
     if over is not None:  # not copied to quarantine: an oversized file stays where it is, with its reason
         return _refuse(store, shard, qprefix, rep, over.message, over.rule, "")
     try:
-        raw, malformed = _read(store, shard.path)
+        raw, malformed = store.ride_out(_read, store, shard.path, what=f"reading shard {shard.id}")
+    except StoreUnavailable:
+        raise  # the store is down, not the shard: nothing to quarantine, the run fails naming the store
     except Exception as e:  # unreadable: quarantine the file itself, report, let the others go on
         rep.quarantine_path = store.full_url(f"{qprefix}/{shard.id}.unreadable")
         _parent(store, f"{qprefix}/{shard.id}.unreadable")

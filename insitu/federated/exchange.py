@@ -216,20 +216,24 @@ class Exchange:
     def _get_bytes(self, kind: str, name: str, writer: str | None, limit: int) -> bytes:
         """At most ``limit`` bytes of an artefact: a larger one is refused without being read whole."""
         path = self._path(self.key(kind, name, writer))
-        for attempt in range(3):
-            try:
-                with self.fs.open(path, "rb") as f:
-                    data = f.read(limit + 1)
-                break
-            except FileNotFoundError:
-                raise ExchangeError(f"missing on the exchange: {path}") from None
-            except OSError as e:
-                # s3fs pins the object's ETag when it opens it; a writer replacing the object before the read
-                # (the coordinator's async state and newest pointer are rewritten while sites poll them) fails
-                # the read with s3fs's FileExpired (errno EBUSY). Opening it again reads the new object whole.
-                if e.errno != errno.EBUSY or attempt == 2:
-                    raise
-                self.fs.invalidate_cache(path)
+
+        def read() -> bytes:
+            opened = 0
+            while True:
+                opened += 1
+                try:
+                    with self.fs.raw.open(path, "rb") as f:
+                        return bytes(f.read(limit + 1))
+                except FileNotFoundError:
+                    raise ExchangeError(f"missing on the exchange: {path}") from None
+                except OSError as e:
+                    # s3fs pins the ETag at open: an object replaced before the read (the async state, the newest
+                    # pointer) fails it with FileExpired (EBUSY). Opened again, the new object is read whole.
+                    if e.errno != errno.EBUSY or opened == 3:
+                        raise
+                    self.fs.invalidate_cache(path)
+
+        data = self.store.ride_out(read, what=f"reading {path}")  # opening and reading: both cross the network
         if len(data) > limit:
             raise ExchangeError(f"{self._where(kind, name, writer)}: more than {limit:,} bytes; refused")
         return data

@@ -17,8 +17,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from insitu.outage import is_unreachable
 from insitu.parallel.types import CheckpointRef
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,15 @@ _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
+
+
+def _store_was_unreachable(e: BaseException) -> bool:
+    """Whether a failed DCP save failed only because the store could not be reached.
+
+    DCP gathers every rank's failure into one :class:`CheckpointException` that every rank raises, so each rank
+    reaches the same answer (and skips, or fails, together: a collective stays matched)."""
+    failures = [exc for exc, _ in e.failures.values()] if isinstance(e, CheckpointException) else [e]
+    return bool(failures) and all(is_unreachable(exc) for exc in failures)
 
 
 class Checkpointer:
@@ -59,14 +70,22 @@ class Checkpointer:
         url = self.ref.store.full_url(rel)
         if self.ref.store.url.startswith("file://"):
             self.fs.makedirs(self.ref.store.path(rel), exist_ok=True)
-        dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=FsspecWriter(url, **self.ref.store.options),
-                 no_dist=not _distributed())
+        try:
+            dcp.save({"model": model_sd, "optim": optim_sd},
+                     storage_writer=FsspecWriter(url, **self.ref.store.options), no_dist=not _distributed())
+        except (CheckpointException, Exception) as e:
+            if not _store_was_unreachable(e):
+                raise
+            # A checkpoint only shortens a retry: the store being down (a restart, a cut) must not fail the round
+            # that is training fine. latest.json still names the previous complete checkpoint.
+            log.warning("checkpoint at step %d skipped: the store %s was unreachable (%s)", step,
+                        self.ref.store.url, str(e).splitlines()[-1][:300])
+            return
         if _distributed():
             dist.barrier()
         if not _distributed() or dist.get_rank() == 0:
             previous = self.latest()
-            with self.fs.open(self._latest_path(), "w") as f:
-                f.write(json.dumps({**progress, "path": rel}))
+            self.fs.pipe_file(self._latest_path(), json.dumps({**progress, "path": rel}).encode())  # rides it out
             if previous and previous.get("path") != rel:
                 try:  # keep only the newest complete checkpoint
                     self.fs.rm(self.ref.store.path(previous["path"]), recursive=True)

@@ -591,7 +591,7 @@ SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
 NOT_ECHOED = [
     pytest.param(SITES, _set(SITES, ("sites", 1, "aws_secret_access_key"), SECRET), "sites[1].aws_secret_access_key",
                  "unknown key; remove it or check the spelling; known keys: storage, endpoint_env, key_env, "
-                 "secret_env, name, work_pool, dask, devices", id="unknown-key-in-a-site"),
+                 "secret_env, outage_s, name, work_pool, dask, devices", id="unknown-key-in-a-site"),
     pytest.param(DATASETS, _set(DATASETS, (*SHARDS, 2, "token"), SECRET), "datasets.fraud.shards[2].token",
                  "known keys: id, site, path", id="unknown-key-in-a-shard"),
     pytest.param(DATASETS, _set(DATASETS, ("datasets", "fraud", "password"), SECRET), "datasets.fraud.password",

@@ -175,7 +175,7 @@ def test_a_read_survives_the_object_being_replaced_between_open_and_read(tmp_pat
 
     coord = _ex(tmp_path, "coordinator")
     coord.put_abort("x")
-    real_open, calls = coord.fs.open, []
+    real_open, calls = coord.fs.raw.open, []
 
     def flaky_open(path: str, mode: str = "rb", **kw: object) -> object:
         calls.append(path)
@@ -184,7 +184,7 @@ def test_a_read_survives_the_object_being_replaced_between_open_and_read(tmp_pat
         return real_open(path, mode, **kw)
 
     site = _ex(tmp_path, "eu")
-    monkeypatch.setattr(site.fs, "open", flaky_open)
+    monkeypatch.setattr(site.fs.raw, "open", flaky_open)
     from insitu.federated.paths import ABORT
 
     assert site.get_json(ABORT, writer="coordinator")["reason"] == "x"
