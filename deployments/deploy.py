@@ -1,7 +1,8 @@
 """Register every deployment through Prefect's deployment API (what ``insitu deploy`` runs).
 
 ``retrain/coordinator`` on the coordinator pool, and ``site-prepare|site-train|site-evaluate/<site>``
-on each site's pool. Code is pulled from this checkout's directory (``set_working_directory``), which
+on each site's pool, and the automation that marks a flow run whose process is gone Crashed
+(``deployments/unresponsive.py``). Code is pulled from this checkout's directory (``set_working_directory``), which
 is right for process workers on the same machine; for Kubernetes pools point ``source`` at a git
 repository or bake an image (see README, "Real infrastructure"). ``retrain/coordinator`` runs on the
 schedules ``datasets.yaml`` declares per dataset, and on no others.
@@ -15,6 +16,7 @@ from pathlib import Path
 from prefect import Flow
 from prefect.schedules import Cron, Schedule
 
+from deployments.unresponsive import ensure_unresponsive_runs_crash
 from deployments.worker_policy import COORDINATOR_FLOWS, SITE_FLOWS
 from insitu.conf import DatasetsConfig, ScheduleConfig, SitesConfig, load_training
 from tasks.promotion import ensure_registry_lock
@@ -64,6 +66,7 @@ def deploy_all(sites: SitesConfig, datasets: DatasetsConfig, source: Path = REPO
     names.append("retrain/coordinator")
     for cfg in sorted((source / "conf" / "training").glob("*.yaml")):
         ensure_registry_lock(load_training(cfg).registry.model_name)
+    ensure_unresponsive_runs_crash()  # a job whose coordinator's host died can be re-run by its id
     log.info("deployed %s", names)
     return names
 

@@ -49,7 +49,7 @@ from tasks.evaluate import read_evaluations
 from tasks.federation import FederatedRounds, publish_global_stats, publish_initial_weights
 from tasks.federation_async import run_async
 from tasks.figures import log_figures
-from tasks.job_lease import one_run_per_job
+from tasks.job_lease import one_run_per_job, stop_earlier_site_runs
 from tasks.mlflow_runs import (
     finish_runs,
     log_async_version,
@@ -119,6 +119,7 @@ class Evaluated:
 def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa: B008 (Prefect builds the form)
     job = open_job(params)
     with one_run_per_job(job.job_id, job.flow_run_id, job.audit):  # a second run of the job is refused at once
+        stop_earlier_site_runs(job.job_id, job.flow_run_id, job.audit)  # an earlier run that died left them going
         plan = plan_job(job)
         sites = prepare(job, plan)
         stats = publish_global_stats(job.exchange, job.conf, sites)

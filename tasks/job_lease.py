@@ -13,6 +13,7 @@ A renewal that fails (the Prefect server restarting) does not stop the job.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from uuid import UUID
@@ -123,3 +124,43 @@ def _refuse(job_id: str, flow_run_id: str | None, audit: Auditor, others: list[F
     audit.append("job.refused", job_id=job_id, flow_run_id=flow_run_id, rule=RULE, reason=why,
                  running=[str(r.id) for r in others])
     raise JobAlreadyRunning(why)
+
+
+SITE_FLOWS = ["site-prepare", "site-train", "site-evaluate"]
+STOP_WAIT_S = 90.0  # a running site run stops when its site's worker acts on Cancelling (it polls every second)
+
+
+def stop_earlier_site_runs(job_id: str, flow_run_id: str | None, audit: Auditor) -> list[str]:
+    """Cancel the job's site runs that an earlier run of it left going, and wait for them to end.
+
+    A run of the job that died without ending (its worker's host lost, its process killed) leaves its site runs
+    waiting for a global model that will never come; the re-run, holding the job, starts its own. Left going, an
+    old one would take the site's workers and publish beside the new one. Called with the job held, so no other
+    run of the job is live: every site run of the job still active is a leftover. Audited as
+    ``job.earlier-site-runs-cancelled``; returns the cancelled runs' ids.
+    """
+    from prefect.states import Cancelled, Cancelling
+
+    with get_client(sync_client=True) as c:
+        runs = c.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=SITE_FLOWS)),
+                                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                                    type=FlowRunFilterStateType(any_=ACTIVE))), limit=200)
+        left = [r for r in runs if (r.parameters or {}).get("job_id") == job_id]
+        why = f"left by an earlier run of job {job_id} that ended without ending them; the re-run starts its own"
+        for r in left:
+            started = r.state is not None and (r.state.is_running() or r.state.is_paused() or r.state.is_cancelling())
+            c.set_flow_run_state(r.id, Cancelling(message=why) if started else Cancelled(message=why), force=True)
+        if left:
+            audit.append("job.earlier-site-runs-cancelled", job_id=job_id, flow_run_id=flow_run_id,
+                         runs=[f"{r.name} ({r.id})" for r in left])
+            log.warning("job %s: cancelled %d site runs an earlier run left going: %s", job_id, len(left),
+                        ", ".join(r.name for r in left))
+        cancelled = [str(r.id) for r in left]
+        deadline = time.monotonic() + STOP_WAIT_S
+        while left and time.monotonic() < deadline:
+            time.sleep(1)
+            left = [r for r in left if not (c.read_flow_run(r.id).state or r.state).is_final()]
+        if left:  # its site's worker is down: the run cannot act before the worker is back, and then it stops
+            log.warning("job %s: %s still stopping after %.0f s; going on", job_id, ", ".join(r.name for r in left),
+                        STOP_WAIT_S)
+    return cancelled

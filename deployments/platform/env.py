@@ -17,6 +17,7 @@ from deployments.platform.endpoints import Endpoints
 from deployments.platform.paths import PlatformPaths
 from deployments.platform.state import PlatformState
 from deployments.platform.users import Account, current_account
+from deployments.unresponsive import HEARTBEAT_S
 from insitu.conf import SitesConfig
 from insitu.governance.anchor_signing import ENV_AUDIT_SERVICE_KEYS
 from insitu.governance.approvals import ENV_APPROVALS
@@ -77,6 +78,8 @@ class Environments:
             "PREFECT_WORKER_QUERY_SECONDS": "1",
             "PREFECT_WORKER_PREFETCH_SECONDS": "5",
             "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
+            # every flow run's heartbeat: a run whose process is gone is marked Crashed (deployments/unresponsive.py)
+            "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S),
         }
 
     def store(self, server: str, user: str) -> dict[str, str]:

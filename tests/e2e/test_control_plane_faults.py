@@ -30,6 +30,7 @@ from mlflow.tracking import MlflowClient
 from platform_helpers import (
     EXCHANGE,
     coordinator_exchange,
+    job_events,
     job_summary,
     shipped_training,
     slow_sites,
@@ -40,6 +41,7 @@ from platform_helpers import (
 from prefect.client.orchestration import get_client
 
 from deployments.platform import Platform
+from deployments.platform.actors import COORDINATOR
 from insitu.governance.anchors import list_anchors
 from insitu.governance.trail import verify_trail
 from insitu.storage import Store
@@ -118,7 +120,8 @@ def test_a_job_survives_prefect_its_database_and_mlflow_going_down(deployed: Pla
     root = f"{EXCHANGE}/jobs/{job}"
     control_plane = ["prefect-server", *(["postgres"] if "postgres" in p.state["pids"] else [])]
 
-    with slow_sites(p, job, {"eu": {"1": 15.0}}):  # type: ignore[dict-item]  # round 1 stays open a while
+    # eu is slow in rounds 1 and 2: round 1 stays open a while, and round 2 waits for eu after the others are in
+    with slow_sites(p, job, {"eu": {"1": 15.0, "2": 20.0}}):  # type: ignore[dict-item]
         attempt = _Attempts(lambda: start_retrain({**params, "request": signer(training, job)}), ex)
         # ---- round 0 aggregated, round 1 under way: the orchestrator and its database go down, and come back
         attempt.reach([f"{root}/weights/coordinator/round-0001.manifest.json"], 600)
@@ -137,6 +140,15 @@ def test_a_job_survives_prefect_its_database_and_mlflow_going_down(deployed: Pla
         assert not sorted(set(acknowledged) - set(after))  # the job goes on writing; nothing it wrote is gone
         fixed = [k for k in acknowledged if f"/jobs/{job}/" not in k]  # earlier jobs' objects, anchors
         assert fixed and not [k for k in fixed if after[k] != acknowledged[k]]
+        # ---- round 2: us's and apac's updates in, eu's not yet: the coordinator's worker and its run are killed
+        # (a host lost). Its run stays Running until its heartbeats have stopped for 120 s: then Prefect's zombie
+        # automation marks it Crashed, and the job is re-run by its id. The re-run aggregates round 2 once, from
+        # the updates already published, after cancelling the site runs the dead run left going.
+        attempt.reach([f"{root}/update/{s}/round-0002.manifest.json" for s in ("us", "apac")], 600)
+        assert not ex.fs.exists(f"{root}/weights/coordinator/round-0003.manifest.json")  # not aggregated yet
+        dead = attempt.run
+        _kill(p, f"worker-{p.sites.coordinator.work_pool}")
+        assert f"worker-{p.sites.coordinator.work_pool}" in p.up()["started"]
         # ---- every site evaluated: the registry goes down as the coordinator reaches registration
         attempt.reach([f"{root}/metrics/{site}/evaluate.json" for site in p.sites.names], 900)
         _kill(p, "mlflow-server")
@@ -144,8 +156,11 @@ def test_a_job_survives_prefect_its_database_and_mlflow_going_down(deployed: Pla
         assert "mlflow-server" in p.up()["started"]
         done = attempt.finish(900)
     # the stores' outage is ridden out (within their outage_s); the orchestrator's or the registry's outage may
-    # fail an attempt with its reason, and a re-run by the id resumes it
-    assert all(attempt.failures) and len(attempt.failures) <= 2, attempt.failures
+    # fail an attempt with its reason, and a re-run by the id resumes it; the lost coordinator's run was crashed
+    assert all(attempt.failures) and len(attempt.failures) <= 3, attempt.failures
+    with get_client(sync_client=True) as c:
+        lost = c.read_flow_run(dead).state
+    assert lost is not None and lost.is_crashed() and "no heartbeat" in (lost.message or ""), lost
     assert not [f for f in attempt.failures if "endpoint" in f or "StoreUnavailable" in f], attempt.failures
     assert done.state.is_completed(), done.state.message
 
@@ -166,6 +181,9 @@ def test_a_job_survives_prefect_its_database_and_mlflow_going_down(deployed: Pla
     assert {r.data.tags["site"] for r in children} == set(p.sites.names)
     for r in children:
         assert [m.step for m in client.get_metric_history(r.info.run_id, "train_loss")] == list(range(ROUNDS))
+    # ---- the re-run cancelled the site runs the lost coordinator left waiting, and said so in its audit log
+    left = job_events(p, COORDINATOR, job, "job.earlier-site-runs-cancelled")
+    assert left and len(left[-1]["fields"]["runs"]) == len(p.sites.names), left
     # ---- the audit logs verify against the anchors, across the outages
     found = list_anchors(coordinator_exchange(p), p.audit_service_keys())
     results = verify_trail({a: (p.audit_log(a), p.audit_key(a)) for a in p.actors}, found)

@@ -79,3 +79,11 @@ def test_a_platform_started_by_an_older_insitu_can_be_stopped_not_reused(tmp_pat
     assert p.state["pids"] == old["pids"] and "prefect_auth" in p.state["secrets"]  # down() has what it needs
     with pytest.raises(PlatformError, match="older insitu"):
         p.up()
+
+
+def test_every_workers_flow_runs_send_heartbeats(platform: Platform) -> None:
+    """A run whose process is gone is marked Crashed once its heartbeats stop (deployments/unresponsive.py)."""
+    from deployments.unresponsive import HEARTBEAT_S
+
+    for env in (*(platform.site_env(s) for s in platform.sites.names), platform.coordinator_env()):
+        assert env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == str(HEARTBEAT_S)
