@@ -16,7 +16,7 @@ from insitu.federated.claims import N_SAMPLES_RULE, SCHEMA_RULE, ClaimRefusal
 from insitu.federated.exchange import Exchange
 from insitu.federated.kinds import COORDINATOR
 from insitu.federated.paths import GLOBAL_STATS, PREPARE_STATS, STOP, global_weights, validation
-from insitu.federated.rounds import collect, run_round
+from insitu.federated.rounds import collect, run_round, stale_updates
 from insitu.federated.stats import combine, mean_std
 from insitu.federated.validation import RoundValidation, Selection
 from insitu.governance.audit_service import Auditor
@@ -109,6 +109,7 @@ class FederatedRounds:
     selection: Selection | None = None  # where sites whose numbers were refused or disagreed are named
     on_round: Callable[[int, dict[str, Any]], None] | None = None  # after each aggregation (alerts)
     _per_site: dict[str, dict[str, Any]] = field(default_factory=dict, init=False)  # the last validation read
+    _missed: dict[int, set[str]] = field(default_factory=dict, init=False)  # rounds closed without these sites
     _committed: dict[str, dict[str, int]] | None = field(default=None, init=False)
 
     @property
@@ -122,6 +123,10 @@ class FederatedRounds:
         f = self.training.federation
         result = aggregate_round(self.ex, rnd, self.sites, f.min_sites, f.round_deadline_s, self.is_alive,
                                  self.aggregator, self.committed, self.audit, self.flow_run_id)
+        late = {s for s in result["missing"] if s not in result["rejected"]}
+        if late and not result.get("resumed"):
+            self._missed[rnd] = late
+        self.refuse_stale()
         for site, why in result["rejected"].items():
             if N_SAMPLES_RULE in why and self.selection is not None:  # a claim, not a fault: named in the summary
                 self.selection.suspect(site, why)
@@ -129,9 +134,18 @@ class FederatedRounds:
             self.on_round(rnd, result)
         return result
 
+    def refuse_stale(self) -> None:
+        """Audit (``update.refused``, rule ``round.stale``) each update that arrived after its round closed without
+        it, once: it is not merged, and its site takes part again from the next global model on."""
+        stale = stale_updates(self.ex, self._missed, self.training.federation.round_deadline_s)
+        for rnd, r in stale:
+            self._missed[rnd].discard(r.site)
+            audit_refusals(self.audit, self.ex.job_id, self.flow_run_id, "update.refused", [r], round=rnd)
+
     def validation(self, rnd: int, wait: bool) -> tuple[dict[str, float], list[str]] | None:
         if wait:  # the last global model: its validations may still be on their way
             collect(self.ex, validation(rnd), self.sites, self.training.federation.round_deadline_s, self.is_alive)
+            self.refuse_stale()  # the last round's late updates
         invalid: dict[str, str] = {}
         self._per_site = read_validation(self.ex, rnd, self.sites, invalid)
         for site, why in invalid.items():

@@ -18,6 +18,7 @@ from typing import Any
 N_SAMPLES_RULE = "integrity.n-samples"
 METRICS_RULE = "integrity.metrics-range"
 SCHEMA_RULE = "protocol.schema"  # a document the exchange protocol's schema refuses
+STALE_RULE = "round.stale"  # an update that arrived after its round was aggregated without it
 
 # Metrics that are fractions (a probability, an AUC, a rate, a score in [0, 1]) and metrics that cannot be negative;
 # a metric of a task not named here is only checked to be a number (finite, or NaN: an AUC over one class).

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from insitu.federated.aggregators import Aggregator, FedAvg, Update
-from insitu.federated.claims import ClaimRefusal, n_samples_refusal
+from insitu.federated.claims import STALE_RULE, ClaimRefusal, n_samples_refusal
 from insitu.federated.exchange import Exchange, enforce_protocol
 from insitu.federated.kinds import COORDINATOR, MAX_UPDATE_NORM, ExchangeError, site_budgets
 from insitu.federated.paths import Document, aggregator_state, global_weights, update
@@ -192,3 +192,20 @@ def run_round(
 def _round_metrics(manifest: dict[str, Any]) -> dict[str, Any]:
     """A site's round metrics as logged: its training numbers, samples and update bytes."""
     return {**manifest.get("metrics", {}), "n_samples": manifest["n_samples"], "bytes": manifest["bytes"]}
+
+
+def stale_updates(ex: Exchange, missed: Mapping[int, Iterable[str]],
+                  deadline_s: float) -> list[tuple[int, ClaimRefusal]]:
+    """The updates that arrived after their round closed without them (a site cut off past the round deadline
+    that published once it was back): ``(round, refusal)`` for each round and site of ``missed`` whose update is
+    now on the exchange. They are never merged (their round's global model is already made); the caller audits
+    them."""
+    found = []
+    for rnd, sites in sorted(missed.items()):
+        for s in sorted(sites):
+            if ex.exists(update(rnd).manifest, writer=s):
+                found.append((rnd, ClaimRefusal(
+                    s, STALE_RULE, f"the update of round {rnd}", None, None,
+                    f"{s}'s update of round {rnd} arrived after the round closed without it (deadline "
+                    f"{deadline_s:g} s): stale, not merged")))
+    return found

@@ -28,6 +28,7 @@ from platform_helpers import (
     flow_runs_named,
     shipped_training,
     site_store,
+    slow_sites,
     start_retrain,
     wait_for_file,
     wait_for_flow_run,
@@ -59,8 +60,9 @@ def _run(params: dict[str, Any], timeout: float = 900) -> Any:
 def test_down_up_and_a_killed_store_lose_nothing(deployed: Platform, shared_conf: Path, signer: Any,
                                                 tmp_path: Path) -> None:
     cfg = shipped_training(deployed.conf_dir, "fraud")
-    # One process per site; rounds long enough to cancel the first job inside round 1.
-    cfg.update(rounds=2, local_epochs=20, batch_size=32, strategy="single", ranks_per_site=1,
+    # One process per site, one epoch a round; eu holds round 1 open (its publish delayed) so that the first run is
+    # cancelled inside it, without training long rounds to get there.
+    cfg.update(rounds=2, local_epochs=1, batch_size=32, strategy="single", ranks_per_site=1,
                registry={"model_name": MODEL})
     training = write_training(shared_conf, e2e_name("fraud_restart"), cfg).stem
 
@@ -74,10 +76,11 @@ def test_down_up_and_a_killed_store_lose_nothing(deployed: Platform, shared_conf
     data.put(deployed, "eu", shard, "raw/fraud/part-000.parquet")
     first = f"e2e-restart-{uuid.uuid4().hex[:6]}"
     ex = coordinator_exchange(deployed)
-    run = start_retrain(params(first))
-    wait_for_file(ex, f"{EXCHANGE}/jobs/{first}/weights/coordinator/round-0001.manifest.json", 600,
-                  "round 0 was never aggregated")
-    assert cancel_job(run, first).state.is_cancelled()  # with its site runs, each one final
+    with slow_sites(deployed, first, {"eu": {"1": 120.0}}):  # type: ignore[dict-item]
+        run = start_retrain(params(first))
+        wait_for_file(ex, f"{EXCHANGE}/jobs/{first}/weights/coordinator/round-0001.manifest.json", 600,
+                      "round 0 was never aggregated")
+        assert cancel_job(run, first).state.is_cancelled()  # with its site runs, each one final
     job_before = _objects(ex, f"{EXCHANGE}/jobs/{first}/")
     # the premise: the job stopped inside round 1, so the re-run has a round left to train
     assert f"{EXCHANGE}/jobs/{first}/weights/coordinator/round-0002.manifest.json" not in job_before, "round 1 ended"

@@ -1,5 +1,7 @@
-"""Each site behind its own WAN border on the shared platform: a job crosses the relays and registers; a cut border
-holds its site's traffic (no reset) until restored; a border taken off leaves the site direct again.
+"""Each site behind its own WAN border on the shared platform: a job crosses the relays and registers, with eu's
+border cut mid-job for less than the round deadline (nothing lost) and for more (the round goes on without eu, its
+late update is refused as stale and audited, eu rejoins the next round); a cut border holds its site's traffic
+(no reset) until restored; a border taken off leaves the site direct again.
 
 The borders are set on the running platform (``insitu up --wan``'s path: the profile recorded, then ``up``), and
 taken off at the end so the tests after this one run on loopback as before.
@@ -8,6 +10,7 @@ taken off at the end so the tests after this one run on loopback as before.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,14 +19,26 @@ from typing import Any
 import httpx
 import pytest
 from mlflow.tracking import MlflowClient
-from platform_helpers import shipped_training, start_retrain, wait_for_flow_run, write_training
+from platform_helpers import (
+    EXCHANGE,
+    coordinator_exchange,
+    job_events,
+    shipped_training,
+    start_retrain,
+    wait_for_file,
+    wait_for_flow_run,
+    write_training,
+)
 
 from deployments.platform import Platform
+from deployments.platform.actors import COORDINATOR
 from deployments.platform.health import prefect_headers
 from deployments.platform.wan_relay import stats_file
+from insitu.federated.claims import STALE_RULE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 RTT_MS = 20.0
+DEADLINE_S = 30.0  # a round of this job takes a few seconds; the long cut outlasts this
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -53,15 +68,36 @@ def test_a_job_crosses_every_border_and_a_cut_border_holds_its_site(deployed: Pl
             assert env["INSITU_EXCHANGE_S3_ENDPOINT"].endswith(f":{p.state['ports'][f'wan-{s}-s3-exchange']}")
             assert env[f"INSITU_{s.upper()}_S3_ENDPOINT"] == p.s3_endpoint(s)  # its own store stays inside
 
-        # ---- a small job across the borders, to a registered model
+        # ---- a job across the borders, to a registered model. eu's border is cut twice while it runs: shorter
+        # than the round deadline in round 0 (its calls are held, then answered: nothing lost, it is in the round)
+        # and longer in round 1 (the round closes without eu; its update, published once the link is back, is
+        # refused as stale and audited, not merged; eu takes part again in round 2)
         model = f"insitu-e2e-wan-{uuid.uuid4().hex[:6]}"
         cfg = shipped_training(p.conf_dir, "fraud")
-        cfg.update(rounds=2, local_epochs=1, strategy="single", ranks_per_site=1, registry={"model_name": model})
+        cfg.update(rounds=3, local_epochs=1, strategy="single", ranks_per_site=1, registry={"model_name": model})
+        cfg["federation"] = {**cfg.get("federation", {}), "min_sites": 2, "round_deadline_s": DEADLINE_S}
         training = write_training(shared_conf, f"e2e-wan-{uuid.uuid4().hex[:6]}", cfg).stem
         job = f"e2e-wan-{uuid.uuid4().hex[:6]}"
-        run = wait_for_flow_run(start_retrain({"training": training, "dataset": "fraud", "job_id": job,
-                                               "request": signer(training, job)}), 900, poll_s=2)
+        ex, root = coordinator_exchange(p), f"{EXCHANGE}/jobs/{job}/weights/coordinator"
+        started_run = start_retrain({"training": training, "dataset": "fraud", "job_id": job,
+                                     "request": signer(training, job)})
+        wait_for_file(ex, f"{root}/round-0000.manifest.json", 600, "the job never reached round 0")
+        p.borders.cut("eu")
+        time.sleep(5)
+        p.borders.restore("eu")
+        wait_for_file(ex, f"{root}/round-0001.manifest.json", 600, "round 0 was never aggregated")
+        p.borders.cut("eu")
+        try:
+            wait_for_file(ex, f"{root}/round-0002.manifest.json", 600, "round 1 was never aggregated")
+        finally:
+            p.borders.restore("eu")
+        run = wait_for_flow_run(started_run, 900, poll_s=2)
         assert run.state.is_completed(), run.state.message
+        members = [sorted(json.loads(ex.fs.cat_file(f"{root}/round-{r + 1:04d}.manifest.json"))["sites"])
+                   for r in range(3)]
+        assert members == [sorted(sites), sorted(s for s in sites if s != "eu"), sorted(sites)], members
+        stale = [e["fields"] for e in job_events(p, COORDINATOR, job, "update.refused")]
+        assert [(f["site"], f["round"], f["rule"]) for f in stale] == [("eu", 1, STALE_RULE)], stale
         (mv,) = MlflowClient(p.mlflow_url).search_model_versions(f"name = '{model}'")
         assert mv.tags["job_id"] == job
         for s in sites:  # every site's traffic to both servers crossed its relay

@@ -11,9 +11,10 @@ import pytest
 import torch
 from protocol_examples import prepare_stats, ran_as, store
 
+from insitu.federated.claims import STALE_RULE
 from insitu.federated.exchange import Exchange, state_to_bytes
 from insitu.federated.kinds import ProtocolViolation
-from insitu.federated.rounds import QuorumError, collect_updates, round_name, run_round
+from insitu.federated.rounds import QuorumError, collect_updates, round_name, run_round, stale_updates
 
 GLOBAL = {"w": torch.zeros(2)}
 
@@ -58,6 +59,20 @@ def test_late_site_is_skipped_and_quorum_holds(tmp_path: Path) -> None:
     assert man["n_samples"] == 400 and man["sites"] == ["eu", "us"]
     assert res.site_metrics["us"]["train_loss"] == 3.0
     assert res.as_dict()["rejected"] == {}
+
+
+def test_an_update_that_arrives_after_its_round_closed_is_stale_and_not_merged(tmp_path: Path) -> None:
+    _publish(tmp_path, "eu", 0, 1.0, 100)
+    _publish(tmp_path, "us", 0, 3.0, 300)
+    coord = _exchange(tmp_path, "coordinator")
+    res = run_round(coord, 0, ["eu", "us", "apac"], min_sites=2, deadline_s=0.3)
+    assert stale_updates(coord, {0: res.missing}, 0.3) == []  # apac has not published: nothing to refuse yet
+    made = coord.get_state("weights", round_name(1))[0]["w"].clone()
+    _publish(tmp_path, "apac", 0, 50.0, 10_000)  # apac is back, and publishes the closed round's update
+    ((rnd, refusal),) = stale_updates(coord, {0: res.missing}, 0.3)
+    assert rnd == 0 and refusal.site == "apac" and refusal.rule == STALE_RULE
+    assert "arrived after the round closed" in refusal.reason and "0.3 s" in refusal.reason
+    assert torch.equal(coord.get_state("weights", round_name(1))[0]["w"], made)  # round 1's model is unchanged
 
 
 def test_below_quorum_fails_naming_the_missing_sites(tmp_path: Path) -> None:
