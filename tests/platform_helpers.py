@@ -202,3 +202,33 @@ def slow_sites(platform: Platform, job_id: str, delays: dict[str, float]) -> Ite
             entries = json.loads(path.read_text()) if path.exists() else {}
             entries.pop(job_id, None)
             path.write_text(json.dumps(entries))
+
+
+def assert_logged_once(platform: Platform, job_id: str, rounds: int, model: str,
+                       experiment: str = "insitu-fraud") -> Run:
+    """What a job leaves in MLflow however many attempts it took: one version of ``model`` registered, for this
+    job, from its one parent run; one child run per site, each round's ``train_loss`` logged once. Returns the
+    parent."""
+    client = MlflowClient(platform.mlflow_url)
+    versions = client.search_model_versions(f"name = '{model}'")
+    assert [v.tags.get("job_id") for v in versions] == [job_id], [v.tags.get("job_id") for v in versions]
+    tagged = client.search_runs([client.get_experiment_by_name(experiment).experiment_id], f"tags.job_id = '{job_id}'")
+    parents = [r for r in tagged if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1, "a re-run must continue the job's MLflow run, not start another"
+    assert versions[0].run_id == parents[0].info.run_id
+    children = [r for r in tagged if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert {r.data.tags["site"] for r in children} == set(platform.sites.names)
+    for r in children:
+        assert [m.step for m in client.get_metric_history(r.info.run_id, "train_loss")] == list(range(rounds))
+    return parents[0]
+
+
+def assert_trail_verifies(platform: Platform) -> list[Any]:
+    """Every actor's audit log verifies against the anchors the exchange keeps; returns the results."""
+    from insitu.governance.anchors import list_anchors
+    from insitu.governance.trail import verify_trail
+
+    found = list_anchors(coordinator_exchange(platform), platform.audit_service_keys())
+    results = verify_trail({a: (platform.audit_log(a), platform.audit_key(a)) for a in platform.actors}, found)
+    assert all(r.ok for r in results), [(r.actor, r.reason) for r in results]
+    return results

@@ -26,9 +26,10 @@ from uuid import UUID
 
 import psutil
 import pytest
-from mlflow.tracking import MlflowClient
 from platform_helpers import (
     EXCHANGE,
+    assert_logged_once,
+    assert_trail_verifies,
     coordinator_exchange,
     job_events,
     job_summary,
@@ -42,8 +43,6 @@ from prefect.client.orchestration import get_client
 
 from deployments.platform import Platform
 from deployments.platform.actors import COORDINATOR
-from insitu.governance.anchors import list_anchors
-from insitu.governance.trail import verify_trail
 from insitu.storage import Store
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -171,20 +170,9 @@ def test_a_job_survives_prefect_its_database_and_mlflow_going_down(deployed: Pla
         manifest = json.loads(ex.fs.cat_file(f"{root}/weights/coordinator/round-{r + 1:04d}.manifest.json"))
         assert sorted(manifest["sites"]) == sorted(set(manifest["sites"])) and manifest["sites"], manifest
     # ---- one parent run, each round logged once per site, one version registered for the job
-    client = MlflowClient(p.mlflow_url)
-    versions = client.search_model_versions(f"name = '{model}'")
-    assert [v.tags.get("job_id") for v in versions] == [job]
-    tagged = client.search_runs([client.get_experiment_by_name("insitu-fraud").experiment_id], f"tags.job_id = '{job}'")
-    parents = [r for r in tagged if "mlflow.parentRunId" not in r.data.tags]
-    assert len(parents) == 1 and versions[0].run_id == parents[0].info.run_id
-    children = [r for r in tagged if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
-    assert {r.data.tags["site"] for r in children} == set(p.sites.names)
-    for r in children:
-        assert [m.step for m in client.get_metric_history(r.info.run_id, "train_loss")] == list(range(ROUNDS))
+    assert_logged_once(p, job, ROUNDS, model)
     # ---- the re-run cancelled the site runs the lost coordinator left waiting, and said so in its audit log
     left = job_events(p, COORDINATOR, job, "job.earlier-site-runs-cancelled")
     assert left and len(left[-1]["fields"]["runs"]) == len(p.sites.names), left
     # ---- the audit logs verify against the anchors, across the outages
-    found = list_anchors(coordinator_exchange(p), p.audit_service_keys())
-    results = verify_trail({a: (p.audit_log(a), p.audit_key(a)) for a in p.actors}, found)
-    assert all(r.ok for r in results), [(r.actor, r.reason) for r in results]
+    assert_trail_verifies(p)

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlflow.tracking import MlflowClient
 from platform_helpers import (
     EXCHANGE,
+    assert_logged_once,
+    assert_trail_verifies,
     cancel_job,
     coordinator_exchange,
     e2e_name,
@@ -39,8 +40,6 @@ from deployments.cli import audit_verify
 from deployments.cli import site_store as data
 from deployments.platform import Platform
 from deployments.platform.site_side import check_stores
-from insitu.governance.anchors import list_anchors
-from insitu.governance.trail import verify_trail
 from insitu.storage import Store
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
@@ -121,20 +120,9 @@ def test_down_up_and_a_killed_store_lose_nothing(deployed: Platform, shared_conf
         logs = flow_run_logs([r.id for r in flow_runs_named(f"site-train-{s}-{first}", exact=True)])
         assert any("round 0 already published by this site" in m for m in logs), s
     assert len(flow_runs_named(f"site-prepare-eu-{first}")) == 1, "the re-run must reuse the job's preparation"
-    client = MlflowClient(deployed.mlflow_url)
-    assert [v.tags.get("job_id") for v in client.search_model_versions(f"name = '{MODEL}'")] == [first]
-    tagged = client.search_runs([client.get_experiment_by_name("insitu-fraud").experiment_id],
-                                f"tags.job_id = '{first}'")
-    parents = [r for r in tagged if "mlflow.parentRunId" not in r.data.tags]
-    assert len(parents) == 1, "the re-run must continue the job's MLflow run, not start another"
-    children = [r for r in tagged if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
-    assert {r.data.tags["site"] for r in children} == set(deployed.sites.names)
-    for r in children:  # each round logged exactly once, across both attempts
-        assert [m.step for m in client.get_metric_history(r.info.run_id, "train_loss")] == [0, 1]
+    assert_logged_once(deployed, first, 2, MODEL)  # each round logged once across both attempts, on one parent
 
     # ---- every log verifies against the anchors the exchange kept, across both restarts
-    found = list_anchors(coordinator_exchange(deployed), deployed.audit_service_keys())
-    results = verify_trail({a: (deployed.audit_log(a), deployed.audit_key(a)) for a in deployed.actors}, found)
-    assert all(r.ok for r in results), [(r.actor, r.reason) for r in results]
+    results = assert_trail_verifies(deployed)
     assert all(r.anchors > 0 for r in results), [(r.actor, r.anchors) for r in results]
     audit_verify(state_dir=deployed.dir, conf=deployed.conf_dir, actor=[], skip_anchors=False)  # the command: exit 0
