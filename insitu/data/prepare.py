@@ -77,9 +77,8 @@ def _refuse(store: Store, shard: ShardConfig, qprefix: str, rep: ShardReport, wh
             detail: str) -> ShardReport:
     """Report a shard that cannot be read (or may not be: over a limit) and record why in its quarantine."""
     rep.error, rep.refused_rule = why, rule
-    _parent(store, f"{qprefix}/{shard.id}.reason.json")
-    with store.fs.open(store.path(f"{qprefix}/{shard.id}.reason.json"), "w") as f:
-        f.write(json.dumps({"shard": shard.id, "error": why, "rule": rule, "trace": detail[-2000:]}))
+    store.write_bytes(f"{qprefix}/{shard.id}.reason.json",  # one PUT: rides out an outage of the store
+                      json.dumps({"shard": shard.id, "error": why, "rule": rule, "trace": detail[-2000:]}).encode())
     return rep
 
 
@@ -87,10 +86,8 @@ def _quarantine_lines(store: Store, shard: ShardConfig, qprefix: str, rep: Shard
                       bad: list[MalformedLine]) -> None:
     """A CSV's malformed lines, with their numbers and reasons, in the site's quarantine."""
     qpath = f"{qprefix}/{shard.id}.malformed-lines.json"
-    _parent(store, qpath)
-    with store.fs.open(store.path(qpath), "w") as f:
-        f.write(json.dumps({"shard": shard.id, "rule": RULE_MALFORMED,
-                            "lines": [{"line": m.line, "reason": m.reason, "text": m.text} for m in bad]}))
+    store.write_bytes(qpath, json.dumps({"shard": shard.id, "rule": RULE_MALFORMED, "lines": [
+        {"line": m.line, "reason": m.reason, "text": m.text} for m in bad]}).encode())
     rep.malformed_lines = [m.line for m in bad][:1000]
     rep.reasons[RULE_MALFORMED] = len(bad)
     rep.quarantine_path = rep.quarantine_path or store.full_url(qpath)
