@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import psutil
@@ -72,6 +73,9 @@ def test_what_a_crashed_component_left_running_is_killed_before_it_starts_again(
     try:
         procs.ensure([server])
         main = psutil.Process(state.data["pids"]["mlflow-server"])
+        deadline = time.monotonic() + 10  # the health check passes at once; sh forks its child a moment later
+        while not main.children() and time.monotonic() < deadline:
+            time.sleep(0.05)
         (worker,) = main.children()
         main.send_signal(signal.SIGKILL)
         main.wait(5)
