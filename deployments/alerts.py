@@ -15,12 +15,13 @@ import logging
 from typing import Any
 
 from insitu.conf import ALERT_KINDS, AlertsConfig
+from insitu.governance.request import ACTIONS
 
 log = logging.getLogger(__name__)
 
 BLOCK = "insitu-alert-webhook"
 PREFIX = "insitu-alert-"
-SITE_FLOWS = ("site-prepare", "site-train", "site-evaluate")
+SITE_FLOWS = tuple(f"site-{action}" for action in ACTIONS)  # a site's flow per action a request may grant
 # A site's flow run, from Prefect's own state events: the site is its deployment (``site-train/eu``).
 SITE_RUN_BODY = """{"alert": "%s", "job": {{ flow_run.parameters.job_id|default(none)|tojson }},
  "site": {{ deployment.name|default(none)|tojson }}, "phase": {{ flow.name|default(none)|tojson }},

@@ -55,7 +55,9 @@ def is_unreachable(e: BaseException) -> bool:
         if isinstance(cause, _UNREACHABLE):
             return True
         seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
+        # `raise X from None` hides the context it was raised in: a refusal made while handling a connection error
+        # is a refusal
+        cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
     return False
 
 

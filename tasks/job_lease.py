@@ -24,6 +24,7 @@ from prefect.client.schemas.filters import (
     FlowFilter,
     FlowFilterName,
     FlowRunFilter,
+    FlowRunFilterName,
     FlowRunFilterState,
     FlowRunFilterStateType,
 )
@@ -32,6 +33,7 @@ from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
 from insitu.governance.audit_service import Auditor
+from insitu.governance.request import ACTIONS
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +128,7 @@ def _refuse(job_id: str, flow_run_id: str | None, audit: Auditor, others: list[F
     raise JobAlreadyRunning(why)
 
 
-SITE_FLOWS = ["site-prepare", "site-train", "site-evaluate"]
+SITE_FLOWS = [f"site-{action}" for action in ACTIONS]  # a site's flow per action a request may grant
 STOP_WAIT_S = 90.0  # a running site run stops when its site's worker acts on Cancelling (it polls every second)
 
 
@@ -142,9 +144,11 @@ def stop_earlier_site_runs(job_id: str, flow_run_id: str | None, audit: Auditor)
     from prefect.states import Cancelled, Cancelling
 
     with get_client(sync_client=True) as c:
+        # the server narrows by name (a site run is named <flow>-<site>-<job id>); the parameter decides
         runs = c.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=SITE_FLOWS)),
-                                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
-                                    type=FlowRunFilterStateType(any_=ACTIVE))), limit=200)
+                                flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=job_id),
+                                                              state=FlowRunFilterState(
+                                                                  type=FlowRunFilterStateType(any_=ACTIVE))))
         left = [r for r in runs if (r.parameters or {}).get("job_id") == job_id]
         why = f"left by an earlier run of job {job_id} that ended without ending them; the re-run starts its own"
         for r in left:

@@ -143,3 +143,12 @@ def test_no_module_is_longer_than_it_can_be_read() -> None:
     too_long = {n for n, p in _modules().items()
                 if len(p.read_text(encoding="utf-8").splitlines()) > MAX_LINES}
     assert too_long <= TOO_LONG_FOR_NOW, f"over {MAX_LINES} lines: {sorted(too_long - TOO_LONG_FOR_NOW)}"
+
+
+def test_every_list_of_site_flows_names_the_deployed_ones() -> None:
+    """The alerts and the cancelling of a lost run's site runs must know every site flow ``insitu deploy`` makes."""
+    import deployments.alerts as alerts
+    import tasks.job_lease as job_lease
+    from deployments.worker_policy import SITE_FLOWS
+
+    assert list(alerts.SITE_FLOWS) == job_lease.SITE_FLOWS == list(SITE_FLOWS)

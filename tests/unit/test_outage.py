@@ -108,6 +108,13 @@ def test_what_counts_as_unreachable() -> None:
     assert is_unreachable(wrapped)  # through the causes
     assert not is_unreachable(StoreUnavailable("already ridden out to its bound"))
     assert not is_unreachable(FileNotFoundError()) and not is_unreachable(OSError(errno.EIO, "bad"))
+    try:  # a refusal raised `from None` while a connection error was being handled is a refusal
+        try:
+            raise _refused()
+        except EndpointConnectionError:
+            raise PermissionError("AccessDenied") from None
+    except PermissionError as refusal:
+        assert not is_unreachable(refusal)
 
 
 class _LosingAnswers:
