@@ -24,6 +24,7 @@ from insitu.conf.errors import did_you_mean, explain, format_loc
 from insitu.data.features import feature_names
 from insitu.federated.aggregators import AGGREGATORS, Aggregator, build_aggregator
 from insitu.federated.asynchronous import ALGORITHMS, AsyncAlgorithm
+from insitu.federated.codecs import CODECS, UpdateEncoding, build_codec, build_encoding
 from insitu.models import MODELS, ModelContractError, ModelFactory, build_model, model_factory
 from insitu.parallel.strategies import strategies, strategy
 from insitu.parallel.types import Strategy
@@ -45,6 +46,7 @@ class JobSpec:
     aggregator: type[Aggregator]
     strategy: Strategy  # the in-site strategy (``parallelize``, ``distributed``, its options and mesh)
     async_algorithm: type[AsyncAlgorithm] | None  # set when federation.mode is async
+    encoding: UpdateEncoding | None = None  # federation.compression; None: updates cross as full state dicts
     config_hash: str = field(default="")
 
     @property
@@ -114,8 +116,9 @@ def resolve(conf: Conf) -> JobSpec:
     aggregator = resolve_aggregator(t, tpath)
     in_site = resolve_strategy(t, tpath)
     algorithm = resolve_async_algorithm(t, aggregator, tpath)
+    encoding = resolve_encoding(t, tpath)
     return JobSpec(conf=conf, task=task, model_factory=factory, model_options=options, aggregator=aggregator,
-                   strategy=in_site, async_algorithm=algorithm, config_hash=conf.config_hash())
+                   strategy=in_site, async_algorithm=algorithm, encoding=encoding, config_hash=conf.config_hash())
 
 
 def resolve_task(conf: Conf, tpath: Path) -> TaskSpec:
@@ -162,6 +165,24 @@ def resolve_aggregator(t: TrainingConfig, tpath: Path | str = "training") -> typ
     except ValueError as e:
         raise ConfigError(f"{tpath}: key 'aggregator.options': {e}") from None
     return AGGREGATORS[name]
+
+
+def resolve_encoding(t: TrainingConfig, tpath: Path | str = "training") -> UpdateEncoding | None:
+    """The update encoding of ``federation.compression``: its codec known, its options its own."""
+    c = t.federation.compression
+    if c.encoding != "none" and c.encoding not in CODECS:
+        raise ConfigError(f"{tpath}: key 'federation.compression.encoding': unknown encoding {c.encoding!r}"
+                          f"{did_you_mean(c.encoding, CODECS)}; known: none, {', '.join(sorted(CODECS))}")
+    if c.encoding == "none":
+        return None
+    try:
+        codec = build_codec(c.encoding, c.options)  # its own Options validate the options
+    except ValueError as e:
+        raise ConfigError(f"{tpath}: key 'federation.compression.options': {e}") from None
+    if codec.needs_delta and not c.delta:
+        raise ConfigError(f"{tpath}: key 'federation.compression.delta': {c.encoding} only encodes an update's "
+                          "difference from the global model; set delta: true")
+    return build_encoding(c)
 
 
 def resolve_strategy(t: TrainingConfig, tpath: Path | str = "training") -> Strategy:

@@ -13,6 +13,7 @@ from insitu.conf import TrainingConfig
 from insitu.data.features import feature_names
 from insitu.federated.aggregators import Aggregator
 from insitu.federated.claims import N_SAMPLES_RULE, SCHEMA_RULE, ClaimRefusal
+from insitu.federated.codecs import UpdateEncoding, build_encoding
 from insitu.federated.exchange import Exchange
 from insitu.federated.kinds import COORDINATOR
 from insitu.federated.paths import GLOBAL_STATS, PREPARE_STATS, STOP, global_weights, validation
@@ -71,6 +72,7 @@ def aggregate_round(
     committed: dict[str, dict[str, int]] | None = None,
     audit: Auditor | None = None,
     flow_run_id: str | None = None,
+    encoding: UpdateEncoding | None = None,
 ) -> dict[str, Any]:
     """Wait for the sites' updates until the deadline, check the quorum, aggregate, publish the next global.
 
@@ -80,7 +82,8 @@ def aggregate_round(
     stops the job (ProtocolViolation).
     """
     logger = get_run_logger()
-    res = run_round(ex, rnd, sites, min_sites, deadline_s, is_alive, aggregator=aggregator, committed=committed)
+    res = run_round(ex, rnd, sites, min_sites, deadline_s, is_alive, aggregator=aggregator, committed=committed,
+                    encoding=encoding)
     audit_refusals(audit, ex.job_id, flow_run_id, "update.refused", res.refused_claims, round=rnd)
     late = [s for s in res.missing if s not in res.rejected]
     if late:
@@ -122,7 +125,8 @@ class FederatedRounds:
     def aggregate(self, rnd: int) -> dict[str, Any]:
         f = self.training.federation
         result = aggregate_round(self.ex, rnd, self.sites, f.min_sites, f.round_deadline_s, self.is_alive,
-                                 self.aggregator, self.committed, self.audit, self.flow_run_id)
+                                 self.aggregator, self.committed, self.audit, self.flow_run_id,
+                                 build_encoding(f.compression))
         late = {s for s in result["missing"] if s not in result["rejected"]}
         if late and not result.get("resumed"):
             self._missed[rnd] = late

@@ -16,6 +16,7 @@ from prefect.cache_policies import NO_CACHE
 from insitu.conf import TrainingConfig
 from insitu.federated.asynchronous import build_algorithm, update_limit
 from insitu.federated.asynchronous.server import Arrival, ParameterServer
+from insitu.federated.codecs import build_encoding
 from insitu.federated.coordinator import RoundsOutcome
 from insitu.federated.exchange import Exchange
 from insitu.federated.kinds import MAX_UPDATE_NORM
@@ -33,7 +34,8 @@ def open_server(ex: Exchange, training: TrainingConfig, sites: list[str]) -> Par
     limit = update_limit(training)
     assert limit is not None, "open_server is for federation.mode: async"
     server = ParameterServer(ex, build_algorithm(training.federation.asynchronous), sites, training.rounds, limit,
-                             max_update_norm=MAX_UPDATE_NORM, committed=committed_counts(ex, sites))
+                             max_update_norm=MAX_UPDATE_NORM, committed=committed_counts(ex, sites),
+                             encoding=build_encoding(training.federation.compression))
     if server.version or server.decisions:
         get_run_logger().info("async job %s resumed: version %d of %d, %d update(s) decided before", ex.job_id,
                               server.version, server.target, server.decisions)

@@ -11,8 +11,9 @@ from prefect import get_run_logger, task
 
 from insitu.conf import TrainingConfig
 from insitu.federated.aggregators import build_aggregator
+from insitu.federated.feedback import load_residual, save_residual
 from insitu.federated.kinds import COORDINATOR
-from insitu.federated.paths import async_update, global_weights, round_name, update
+from insitu.federated.paths import State, async_update, global_weights, round_name, update
 from insitu.federated.publish_delay import PUBLISH_DELAY_FILE, publish_delay
 from insitu.governance.identity import ENV_IDENTITY
 from insitu.parallel import CheckpointRef, DataRef, TrainSpec
@@ -34,10 +35,8 @@ def train_round(ctx: SiteContext, rnd: int, norm: dict[str, Any]) -> dict[str, A
     # Checked here against the global weights it was trained from (names, shapes, dtypes, finite, norm bound),
     # so that a bad update fails on its own site with the reason, before anything crosses; the coordinator
     # checks it again when it reads it.
-    published = ctx.exchange.put_state(
-        update(rnd), result.state, reference=state, round=rnd, n_samples=result.n_samples,
-        base_sha256=manifest["sha256"], metrics=result.metrics, ran_as=ctx.ran_as,
-    )
+    published = publish(ctx, update(rnd), result.state, state, round=rnd, n_samples=result.n_samples,
+                        base_sha256=manifest["sha256"], metrics=result.metrics, ran_as=ctx.ran_as)
     _log_trained(ctx, f"round={rnd}", result, published)
     return published
 
@@ -53,11 +52,30 @@ def train_async_update(ctx: SiteContext, seq: int, version: int, norm: dict[str,
     # resumes its own checkpoint, and two updates from the same version do not train on the same shuffle.
     result = train_from(ctx, state, norm, seed=t.seed * 1000 + 500 + seq, checkpoint=f"async-{seq:06d}",
                         options_round=version, seq=seq, version=version)
-    published = ctx.exchange.put_state(
-        async_update(seq), result.state, reference=state, seq=seq, base_version=version,
-        n_samples=result.n_samples, base_sha256=manifest["sha256"], metrics=result.metrics, ran_as=ctx.ran_as,
-    )
+    published = publish(ctx, async_update(seq), result.state, state, seq=seq, base_version=version,
+                        n_samples=result.n_samples, base_sha256=manifest["sha256"], metrics=result.metrics,
+                        ran_as=ctx.ran_as)
     _log_trained(ctx, f"async update={seq} from version={version}", result, published)
+    return published
+
+
+def publish(ctx: SiteContext, target: State, trained: dict[str, Any], reference: dict[str, Any],
+            **meta: Any) -> dict[str, Any]:
+    """Put this site's update on the exchange, encoded as the job's ``federation.compression`` says.
+
+    A lossy encoding's residual (what it left out) stays in the site's own store, and is added to the next
+    update (error feedback): it is saved only once the update it belongs to is published.
+    """
+    encoding = ctx.conf.encoding
+    if encoding is None:
+        return ctx.exchange.put_state(target, trained, reference=reference, **meta)
+    job_id = ctx.exchange.job_id
+    numel = sum(v.numel() for v in reference.values() if v.is_floating_point())
+    residual = load_residual(ctx.store, job_id, target.name, numel) if encoding.keeps_residual else None
+    payload, residual = encoding.encode(trained, reference, residual)
+    published = ctx.exchange.put_state(target, payload, reference=reference, encoding=encoding, **meta)
+    if residual is not None:
+        save_residual(ctx.store, job_id, target.name, residual)
     return published
 
 
@@ -96,9 +114,9 @@ def _log_trained(ctx: SiteContext, what: str, result: Any, published: dict[str, 
     t = ctx.conf.training
     get_run_logger().info(
         "site=%s %s strategy=%s ranks=%d samples=%d train_loss=%.4f samples/s=%.0f comm=%.3fs resumed_from_step=%d "
-        "update=%dB", ctx.site, what, t.strategy, t.ranks_per_site, result.n_samples, result.metrics["train_loss"],
+        "update=%dB (%s)", ctx.site, what, t.strategy, t.ranks_per_site, result.n_samples, result.metrics["train_loss"],
         result.metrics["samples_per_s"], result.metrics.get("comm_s", 0.0), result.metrics.get("resumed_from_step", 0),
-        published["bytes"])
+        published["bytes"], published.get("encoding") or "fp32 state dict")
 
 
 def site_options(training: TrainingConfig, rnd: int) -> dict[str, float]:

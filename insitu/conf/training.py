@@ -113,6 +113,22 @@ class AsyncConfig(Strict):
         return self
 
 
+class CompressionConfig(Strict):
+    """``federation.compression``: how each site's update is encoded on its way to the coordinator (see
+    docs/federation.md, "Lean updates"). The coordinator decodes an update before any check or aggregator sees
+    it; what a lossy encoding drops, the site keeps and adds to its next update (error feedback)."""
+
+    encoding: str = "none"
+    """none (full fp32 state dicts), fp16, bf16, int8 or topk (a codec of insitu/federated/codecs/)"""
+    options: dict[str, Any] = Field(default_factory=dict,
+                                    description="the codec's own options: int8 {scale: tensor|channel}; "
+                                                "topk {fraction: 0.01}")
+    delta: bool = True
+    """encode the update minus the global model it was trained from (topk requires it)"""
+    error_feedback: bool = True
+    """the site keeps what a lossy encoding dropped and adds it to its next update"""
+
+
 class FederationConfig(Strict):
     min_sites: Annotated[int, Field(ge=1)] = 1
     """the quorum: a phase or round fails with fewer sites than this"""
@@ -128,6 +144,8 @@ class FederationConfig(Strict):
                             "arrive (see asynchronous); either way `rounds` counts the global versions made")
     asynchronous: AsyncConfig = AsyncConfig()
     """federation.mode async: the parameter server's algorithm"""
+    compression: CompressionConfig = CompressionConfig()
+    """how updates are encoded on the wire"""
 
 
 class SplitConfig(Strict):

@@ -44,11 +44,13 @@ from insitu.federated.ledger import bytes_by_writer, stray_objects
 from insitu.federated.paths import ABORT, Document, Kind, State
 from insitu.federated.schemas import Artefact, artefact, check_document
 from insitu.federated.state_bytes import state_from_bytes, state_to_bytes
-from insitu.federated.states import check_state
+from insitu.federated.wire import from_wire, to_wire
 from insitu.storage import Store
 
 if TYPE_CHECKING:  # torch is imported where weights are (de)serialised: prepare never pays for it
     import torch
+
+    from insitu.federated.codecs import UpdateEncoding
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +127,7 @@ class Exchange:
         /,
         *,
         reference: Mapping[str, torch.Tensor] | None = None,
-        max_norm: float = MAX_UPDATE_NORM,
+        max_norm: float = MAX_UPDATE_NORM, encoding: UpdateEncoding | None = None,
         **meta: Any,
     ) -> dict[str, Any]: ...
     @overload
@@ -136,7 +138,7 @@ class Exchange:
         state: dict[str, torch.Tensor],
         *,
         reference: Mapping[str, torch.Tensor] | None = None,
-        max_norm: float = MAX_UPDATE_NORM,
+        max_norm: float = MAX_UPDATE_NORM, encoding: UpdateEncoding | None = None,
         **meta: Any,
     ) -> dict[str, Any]: ...
     def put_state(
@@ -146,14 +148,14 @@ class Exchange:
         state: dict[str, torch.Tensor] = UNSET,
         *,
         reference: Mapping[str, torch.Tensor] | None = None,
-        max_norm: float = MAX_UPDATE_NORM,
+        max_norm: float = MAX_UPDATE_NORM, encoding: UpdateEncoding | None = None,
         **meta: Any,
     ) -> dict[str, Any]:
         """Write a state dict and its manifest (hash, size, metadata); returns the manifest.
 
         An update must name the global state it was trained from (``reference``): it is refused unless it has
         exactly that state's names, shapes and dtypes, is finite, and ``||state - reference||_2 <= max_norm``.
-        Nothing is written unless both the state and its manifest pass.
+        Nothing is written unless both pass. With ``encoding``, ``state`` is an update's encoded payload.
         """
         if state is UNSET:  # put_state(target, tensors): the tensors came where the raw form has the name
             target, state = state_of(kind), cast("dict[str, torch.Tensor]", name)
@@ -167,8 +169,9 @@ class Exchange:
         if kind == Kind.UPDATE and reference is None:
             raise ExchangeError(f"{where}: an update is checked against the global weights it was trained from; "
                                 "pass them as reference=")
-        check_state(state, where, reference, max_norm if reference is not None else None)
-        data = state_to_bytes(state)
+        if encoding is not None and kind != Kind.UPDATE:
+            raise ExchangeError(f"{where}: only an update is encoded")
+        data = to_wire(state, where, reference, max_norm, encoding)
         if len(data) > art.max_bytes:
             raise ExchangeError(f"{where}: {len(data):,} bytes; at most {art.max_bytes:,} are allowed")
         manifest = {
@@ -178,7 +181,7 @@ class Exchange:
             "sha256": hashlib.sha256(data).hexdigest(),
             "bytes": len(data),
             "created": datetime.now(UTC).isoformat(),
-            **meta,
+            **({"encoding": encoding.name} if encoding is not None else {}), **meta,
         }
         encoded = self._encode(kind, target.manifest.name, manifest)  # refused before anything is written
         self._put_bytes(kind, target.file, data)
@@ -195,8 +198,8 @@ class Exchange:
         """Whether an object is there; a state's is its ``.manifest`` (written last)."""
         kind, name = document_of(kind, name)
         path = self._path(self.key(kind, name, writer))
-        # s3fs answers exists() from a cached listing of the parent when it has one (a ledger() or strays()
-        # listing fills it): an artefact written since would stay invisible. Always ask the store.
+        # s3fs answers exists() from a cached listing of the parent (a ledger() or strays() fills it): an
+        # artefact written since would stay invisible. Always ask the store.
         self.fs.invalidate_cache(path)
         return bool(self.fs.exists(path))
 
@@ -259,7 +262,7 @@ class Exchange:
         *,
         writer: str | None = None,
         reference: Mapping[str, torch.Tensor] | None = None,
-        max_norm: float = MAX_UPDATE_NORM,
+        max_norm: float = MAX_UPDATE_NORM, encoding: UpdateEncoding | None = None,
     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]: ...
     @overload
     def get_state(
@@ -269,7 +272,7 @@ class Exchange:
         writer: str | None = None,
         *,
         reference: Mapping[str, torch.Tensor] | None = None,
-        max_norm: float = MAX_UPDATE_NORM,
+        max_norm: float = MAX_UPDATE_NORM, encoding: UpdateEncoding | None = None,
     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]: ...
     def get_state(
         self,
@@ -278,12 +281,13 @@ class Exchange:
         writer: str | None = None,
         *,
         reference: Mapping[str, torch.Tensor] | None = None,
-        max_norm: float = MAX_UPDATE_NORM,
+        max_norm: float = MAX_UPDATE_NORM, encoding: UpdateEncoding | None = None,
     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """Read a state dict, verified against its manifest's SHA-256 and checked like :meth:`put_state`.
 
         With ``reference`` (how the coordinator reads an update) the state must match the global model's
-        layout and lie within ``max_norm`` of it.
+        layout and lie within ``max_norm`` of it. An update encoded otherwise than ``encoding`` (the job's
+        ``federation.compression``) says is refused; one encoded so is returned decoded.
         """
         source = state_of(kind, name)
         kind = source.kind
@@ -295,11 +299,7 @@ class Exchange:
         if digest != manifest["sha256"]:
             raise ExchangeError(f"{where}: SHA-256 {digest[:12]}… does not match its manifest "
                                 f"{manifest['sha256'][:12]}… (corrupt or tampered)")
-        try:
-            state = state_from_bytes(data)
-        except Exception as e:  # weights_only refuses anything but tensors and plain containers
-            raise ExchangeError(f"{where}: not a state file ({type(e).__name__})") from None
-        check_state(state, where, reference, max_norm if reference is not None else None)
+        state = from_wire(data, manifest, where, reference, max_norm, encoding)
         return state, manifest
 
     @overload

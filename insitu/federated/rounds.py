@@ -16,6 +16,7 @@ from typing import Any
 
 from insitu.federated.aggregators import Aggregator, FedAvg, Update
 from insitu.federated.claims import STALE_RULE, ClaimRefusal, n_samples_refusal
+from insitu.federated.codecs import UpdateEncoding
 from insitu.federated.exchange import Exchange, enforce_protocol
 from insitu.federated.kinds import COORDINATOR, MAX_UPDATE_NORM, ExchangeError, site_budgets
 from insitu.federated.paths import Document, aggregator_state, global_weights, update
@@ -111,6 +112,7 @@ def run_round(
     is_alive: Callable[[str], bool] | None = None,
     max_update_norm: float = MAX_UPDATE_NORM,
     aggregator: Aggregator | None = None,
+    encoding: UpdateEncoding | None = None,
     committed: Mapping[str, Mapping[str, int]] | None = None,
 ) -> RoundResult:
     """Collect, check the quorum, aggregate (FedAvg unless ``aggregator`` says otherwise), publish the global
@@ -156,7 +158,7 @@ def run_round(
     for s in arrived:
         try:
             state, man = ex.get_state(update(rnd), writer=s, reference=global_state,
-                                      max_norm=max_update_norm)
+                                      max_norm=max_update_norm, encoding=encoding)
             if man["round"] != rnd or man["base_sha256"] != base["sha256"]:
                 raise ExchangeError(f"{s}'s update was not trained from round {rnd}'s global weights")
             claim = None if committed is None else n_samples_refusal(

@@ -1,6 +1,7 @@
 """The second shipped example end to end, as a new user runs it: their own files (CSV, put into each site's
-store with `insitu data put`), a multi-class task, their own model class by import path, a signed request —
-and a registered, gated model whose metrics are the task's."""
+store with `insitu data put`), a multi-class task, their own model class by import path, a signed request, updates
+encoded as int8 on the wire (``federation.compression``) — and a registered, gated model whose metrics are the
+task's."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ def digits_job(deployed: Platform, signer: Any, tmp_path_factory: pytest.TempPat
     cfg = shipped_training(deployed.conf_dir, "digits")
     cfg.update({"rounds": ROUNDS, "model": {"name": "examples.models:residual_mlp",
                                             "options": {"width": 48, "blocks": 2}},
+                "federation": {**cfg["federation"], "compression": {"encoding": "int8"}},
                 "registry": {"model_name": f"insitu-{training}"}})
     path = write_training(deployed.conf_dir / "training", training, cfg)
     try:
@@ -105,6 +107,27 @@ def test_the_registered_model_is_the_users_class_and_predicts_digits(deployed: P
         logits = model(torch.from_numpy(x.astype(np.float32)))
     assert logits.shape == (len(y), 10)
     assert float((logits.argmax(dim=1).numpy() == y).mean()) > 0.7
+
+
+def test_every_update_crossed_as_int8_in_about_a_quarter_of_the_fp32_bytes(deployed: Platform,
+                                                                             digits_job: dict[str, Any]) -> None:
+    """What crossed the border is the encoded payload (safetensors, int8 values and a scale per tensor) and its
+    manifest says so; the coordinator decoded it (the job above completed and registered a model from it)."""
+    import torch
+
+    from insitu.federated.state_bytes import payload_from_bytes, state_from_bytes
+
+    fs, job = coordinator_exchange(deployed).fs, f"{EXCHANGE}/jobs/{digits_job['job_id']}"
+    model = state_from_bytes(fs.cat(f"{job}/weights/coordinator/round-0000.pt"))
+    fp32 = sum(v.numel() * 4 for v in model.values() if v.is_floating_point())
+    for site in ("eu", "us", "apac"):
+        for rnd in range(ROUNDS):
+            man = json.loads(fs.cat(f"{job}/update/{site}/round-{rnd:04d}.manifest.json"))
+            assert man["encoding"] == "int8-delta"
+            assert man["bytes"] <= 0.27 * fp32, (site, rnd, man["bytes"], fp32)
+            payload = payload_from_bytes(fs.cat(f"{job}/update/{site}/round-{rnd:04d}.pt"))
+            assert payload["values"].dtype == torch.int8
+            assert payload["values"].numel() == fp32 // 4
 
 
 def test_the_summary_and_the_audit_speak_of_the_task(deployed: Platform, digits_job: dict[str, Any]) -> None:

@@ -215,6 +215,27 @@ BAD_CONFIGS = [
     ),
     pytest.param(
         TRAINING,
+        _set(TRAINING, ("federation", "compression"), {"encoding": "int4"}),
+        "federation.compression.encoding",
+        "unknown encoding 'int4' (did you mean 'int8'?); known: none, bf16, fp16, int8, topk",
+        id="unknown-update-encoding",
+    ),
+    pytest.param(
+        TRAINING,
+        _set(TRAINING, ("federation", "compression"), {"encoding": "topk", "options": {"fraction": 2}}),
+        "federation.compression.options",
+        "less than or equal to 1",
+        id="topk-fraction-over-1",
+    ),
+    pytest.param(
+        TRAINING,
+        _set(TRAINING, ("federation", "compression"), {"encoding": "topk", "delta": False}),
+        "federation.compression.delta",
+        "topk only encodes an update's difference from the global model; set delta: true",
+        id="topk-without-delta",
+    ),
+    pytest.param(
+        TRAINING,
         _set(TRAINING, ("model", "name"), "resnet50"),
         "model.name",
         "built in: ['fraud_mlp', 'sequence_transformer', 'tabular_mlp'], or your own factory as "

@@ -31,6 +31,7 @@ import torch
 
 from insitu.federated.asynchronous.base import AsyncAlgorithm, Decision, Receipt, ServerState, SiteUpdate
 from insitu.federated.claims import ClaimRefusal, n_samples_refusal
+from insitu.federated.codecs import UpdateEncoding
 from insitu.federated.exchange import Exchange, enforce_protocol
 from insitu.federated.kinds import COORDINATOR, MAX_UPDATE_NORM, ExchangeError, site_budgets
 from insitu.federated.paths import ASYNC_STATE, NEWEST, async_buffer, async_update, global_weights, refresh, weights
@@ -70,8 +71,10 @@ class ParameterServer:
 
     def __init__(self, ex: Exchange, algorithm: AsyncAlgorithm, sites: list[str], target: int, update_limit: int,
                  max_update_norm: float = MAX_UPDATE_NORM,
-                 committed: Mapping[str, Mapping[str, int]] | None = None) -> None:
+                 committed: Mapping[str, Mapping[str, int]] | None = None,
+                 encoding: UpdateEncoding | None = None) -> None:
         self.ex, self.algorithm, self.sites, self.target = ex, algorithm, sites, target
+        self.encoding = encoding  # federation.compression: how the sites' updates are encoded
         self.committed = committed  # rows per split from each site's prepare statistics (None: not checked)
         self.update_limit, self.max_update_norm = update_limit, max_update_norm
         self.decisions = 0
@@ -172,7 +175,8 @@ class ParameterServer:
             base, base_man = self._base(base_version)
             if man["base_sha256"] != base_man["sha256"]:
                 raise ExchangeError(f"{s}'s update {seq} was not trained from version {base_version}'s weights")
-            state, man = self.ex.get_state(async_update(seq), writer=s, reference=base, max_norm=self.max_update_norm)
+            state, man = self.ex.get_state(async_update(seq), writer=s, reference=base, max_norm=self.max_update_norm,
+                                           encoding=self.encoding)
             arrival.manifest = man
             if self.committed is not None:
                 claim = n_samples_refusal(s, f"async update {seq}", int(man["n_samples"]), self.committed.get(s))

@@ -91,6 +91,7 @@ class UpdateManifest(StateManifest):
     base_sha256: Sha256
     metrics: TrainMetrics = TrainMetrics()
     ran_as: RanAs | None = None
+    encoding: Ident | None = None  # federation.compression (e.g. int8-delta); None: a full state dict
 
     @model_validator(mode="after")
     def _round_matches_name(self) -> UpdateManifest:
@@ -108,6 +109,7 @@ class AsyncUpdateManifest(StateManifest):
     base_sha256: Sha256
     metrics: TrainMetrics = TrainMetrics()
     ran_as: RanAs | None = None
+    encoding: Ident | None = None  # federation.compression (e.g. int8-delta); None: a full state dict
 
     @model_validator(mode="after")
     def _seq_matches_name(self) -> AsyncUpdateManifest:
