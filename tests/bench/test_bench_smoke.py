@@ -57,6 +57,22 @@ def test_aggregators_prints_a_table_and_writes_json(tmp_path: Path) -> None:
             assert x["rounds_to_target"] == (reached[0] if reached else None)
 
 
+def test_compression_prints_bytes_and_metric_per_encoding(tmp_path: Path) -> None:
+    out_file = tmp_path / "compression.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "compression.py"), "--smoke", "--out", str(out_file)],
+                         env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {(r["example"], r["encoding"]): r for r in json.loads(out_file.read_text())["rows"]}
+    assert {e for e, _ in rows} == {"fraud", "digits"}
+    for example in ("fraud", "digits"):
+        assert rows[(example, "none")]["ratio"] > 1.0  # torch.save of the fp32 state: its bytes and a container
+        assert 0.24 < rows[(example, "int8")]["ratio"] <= 0.27
+        assert 0.49 < rows[(example, "fp16")]["ratio"] < 0.52
+        assert rows[(example, "topk 1%")]["ratio"] <= 0.05
+    assert "| fraud (" in out.stdout and "| digits (" in out.stdout
+
+
 def test_strategies_prints_throughput_and_memory_tables(tmp_path: Path) -> None:
     out_file = tmp_path / "strategies.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
