@@ -21,6 +21,7 @@ from insitu.federated.exchange import Exchange, enforce_protocol
 from insitu.federated.kinds import COORDINATOR, MAX_UPDATE_NORM, ExchangeError, site_budgets
 from insitu.federated.paths import Document, aggregator_state, global_weights, update
 from insitu.federated.paths import round_name as round_name  # re-exported: where it was defined before paths
+from insitu.federated.running_mean import RunningMean
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,9 @@ def run_round(
     global_state, base = ex.get_state(global_weights(rnd), writer=COORDINATOR)
     # Before any update is read: a site over its budget (or writing outside the protocol) stops the job.
     enforce_protocol(ex, site_budgets(rnd + 1, int(base["bytes"])), f"round {rnd}")
+    aggregator = aggregator or FedAvg()
+    # A mean-based aggregator gets the running mean: one update in memory at a time, however many sites.
+    running = RunningMean() if aggregator.mean_based else None
     updates, metrics, rejected, refused = [], {}, {}, []
     for s in arrived:
         try:
@@ -170,15 +174,20 @@ def run_round(
             log.warning("round %d: %s's update is rejected: %s", rnd, s, e)
             rejected[s] = str(e)
             continue
-        updates.append(Update(s, state, int(man["n_samples"])))
+        if running is not None:
+            running.add(s, state, int(man["n_samples"]))
+        else:
+            updates.append(Update(s, state, int(man["n_samples"])))
+        del state
         metrics[s] = _round_metrics(man)
     arrived = [s for s in arrived if s not in rejected]
     missing = missing + list(rejected)
     if len(arrived) < min_sites:  # … and after dropping updates that were not valid for this round
         raise QuorumError(f"round {rnd}: quorum not met: {len(arrived)} valid update(s) from {arrived} < "
                           f"min_sites={min_sites}; missing or invalid: {missing}; rejected: {rejected}")
+    if running is not None:
+        updates = [running.as_update()]
     total = sum(u.n_samples for u in updates)
-    aggregator = aggregator or FedAvg()
     kept_before = aggregator_state(rnd)
     before = ex.get_state(kept_before, writer=COORDINATOR)[0] \
         if rnd > 0 and ex.exists(kept_before.manifest, writer=COORDINATOR) else None

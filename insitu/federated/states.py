@@ -70,8 +70,16 @@ def check_state(
             raise ExchangeError(f"{where}: ||update - global||_2 = {norm:.4g} exceeds the bound {max_norm:g}")
 
 
+NORM_CHUNK = 1 << 20  # values per step of delta_norm: float64 temporaries stay a few MiB, whatever the model
+
+
 def delta_norm(state: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> float:
-    """L2 norm of ``state - reference`` over the floating-point tensors (computed in float64)."""
-    sq = sum(float(((state[k].detach().cpu().double() - ref.detach().cpu().double()) ** 2).sum())
-             for k, ref in reference.items() if ref.is_floating_point())
+    """L2 norm of ``state - reference`` over the floating-point tensors (computed in float64, a chunk at a time)."""
+    sq = 0.0
+    for k, ref in reference.items():
+        if not ref.is_floating_point():
+            continue
+        a, b = state[k].detach().cpu().reshape(-1), ref.detach().cpu().reshape(-1)
+        for i in range(0, a.numel(), NORM_CHUNK):
+            sq += float(((a[i:i + NORM_CHUNK].double() - b[i:i + NORM_CHUNK].double()) ** 2).sum())
     return math.sqrt(sq)

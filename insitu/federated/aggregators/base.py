@@ -46,6 +46,10 @@ class Aggregator(ABC):
     # Whether federation.mode async may use it: there the server step is the async algorithm's, so only an
     # aggregator whose part is what sites train with (FedAvg's plain step, FedProx's proximal term) fits.
     runs_in_async_mode: ClassVar[bool] = False
+    # Whether the result depends on the updates only through their sample-weighted mean (and the largest site's
+    # integer tensors): then the coordinator folds each update into a running mean as it reads it
+    # (insitu.federated.running_mean) and aggregates that one mean, holding one update at a time, not all.
+    mean_based: ClassVar[bool] = False
 
     class Options(BaseModel):
         """The aggregator's own options (``aggregator.options`` in a training config); none by default."""

@@ -54,6 +54,7 @@ class FedAvg(Aggregator):
 
     name = "fedavg"
     runs_in_async_mode = True  # FedAsync's paper trains sites with plain local SGD (or FedProx's term)
+    mean_based = True
 
     def _aggregate(
         self,

@@ -32,6 +32,8 @@ STEP = "step"
 class FedOpt(Aggregator):
     """Shared base of FedAdagrad, FedYogi and FedAdam; a subclass gives only its second-moment rule."""
 
+    mean_based = True  # its pseudo-gradient is the sites' FedAvg minus the global model
+
     class Options(Aggregator.Options):
         eta: Annotated[float, Field(gt=0.0)] = 0.01  # server learning rate
         beta_1: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9

@@ -90,12 +90,16 @@ class UpdateEncoding:
                 raise CodecError(f"{self.name} payload: kept tensor {k!r} differs from the global model's")
         check_parts(self.codec, parts, shapes)
         flat = self.codec.decode(parts, shapes)
-        if self.delta:
-            flat = flat + _flat(reference, floats)
         out: State = {}
         chunks = iter(flat.split([s.numel() for s in shapes])) if floats else iter(())
         for k, ref in reference.items():
-            out[k] = next(chunks).reshape(ref.shape).to(ref.dtype) if ref.is_floating_point() else kept[k]
+            if not ref.is_floating_point():
+                out[k] = kept[k]
+                continue
+            chunk = next(chunks).reshape(ref.shape)
+            if self.delta:  # tensor by tensor, in place: no second model-sized vector of the global weights
+                chunk.add_(ref.detach().cpu().to(torch.float32))
+            out[k] = chunk.to(ref.dtype)
         return out
 
 

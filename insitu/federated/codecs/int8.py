@@ -48,8 +48,12 @@ class Int8(Codec):
         return {"values": values, "scales": scales}
 
     def decode(self, parts: Parts, shapes: list[torch.Size]) -> torch.Tensor:
-        per_value = parts["scales"].repeat_interleave(torch.tensor(self._groups(shapes)))
-        return parts["values"].to(torch.float32) * per_value
+        # In place, group by group: no per-value copy of the scales (a coordinator reading many sites' updates
+        # holds one model-sized vector here, not three).
+        out = parts["values"].to(torch.float32)
+        for chunk, scale in zip(out.split(self._groups(shapes)), parts["scales"].tolist(), strict=True):
+            chunk.mul_(scale)
+        return out
 
     def check(self, parts: Parts, shapes: list[torch.Size]) -> None:
         if bool((parts["scales"] < 0).any()):

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from insitu.conf import SITE_NAME
 
-MAX_SITES = 64
+MAX_SITES = 256  # sites a job may have (bench/coordinator_scale.py measures a round at 256)
 MAX_SHARDS = 256
 MAX_FEATURES = 1024
 MAX_BINS = 1000
