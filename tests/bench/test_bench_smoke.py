@@ -73,6 +73,17 @@ def test_compression_prints_bytes_and_metric_per_encoding(tmp_path: Path) -> Non
     assert "| fraud (" in out.stdout and "| digits (" in out.stdout
 
 
+def test_coordinator_scale_prints_seconds_and_memory_per_site_count(tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "coordinator_scale.py"), "--smoke"], env=env,
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads(out.stdout.strip().splitlines()[-1])["rows"]
+    assert [(r["sites"], r["aggregator"]) for r in rows] == [(3, "fedavg"), (3, "median"), (8, "fedavg"),
+                                                            (8, "median")]
+    assert all(r["seconds"] > 0 and r["added_x_model"] >= 0 for r in rows)
+
+
 def test_strategies_prints_throughput_and_memory_tables(tmp_path: Path) -> None:
     out_file = tmp_path / "strategies.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}

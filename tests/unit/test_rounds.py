@@ -11,6 +11,7 @@ import pytest
 import torch
 from protocol_examples import prepare_stats, ran_as, store
 
+from insitu.federated.aggregators import FedAvg
 from insitu.federated.claims import STALE_RULE
 from insitu.federated.exchange import Exchange, state_to_bytes
 from insitu.federated.kinds import ProtocolViolation
@@ -184,3 +185,28 @@ def test_an_object_outside_the_protocol_stops_the_job(tmp_path: Path) -> None:
     _exchange(tmp_path, "eu")._put_bytes("update", "rows.csv", b"a,b\n1,2\n")
     with pytest.raises(ProtocolViolation, match="update/eu/rows.csv is not an artefact of the protocol"):
         run_round(_exchange(tmp_path, "coordinator"), 0, ["eu"], min_sites=1, deadline_s=1)
+
+
+class _Recording(FedAvg):
+    """FedAvg that remembers how many updates it was handed at once."""
+
+    name = "recording-fedavg-test"
+    seen: list[int] = []
+
+    def _aggregate(self, rnd, global_state, updates, server_state):  # type: ignore[no-untyped-def]
+        self.seen.append(len(updates))
+        return super()._aggregate(rnd, global_state, updates, server_state)
+
+
+@pytest.mark.parametrize(("mean_based", "handed"), [(True, 1), (False, 3)])
+def test_a_mean_based_aggregator_gets_one_running_mean_not_every_update(tmp_path: Path, mean_based: bool,
+                                                                        handed: int) -> None:
+    for i, site in enumerate(["eu", "us", "apac"]):
+        _publish(tmp_path, site, 0, float(i + 1), 100 * (i + 1))
+    agg = _Recording()
+    agg.mean_based, agg.seen = mean_based, []
+    res = run_round(_exchange(tmp_path, "coordinator"), 0, ["eu", "us", "apac"], min_sites=3, deadline_s=1,
+                    aggregator=agg)
+    assert agg.seen == [handed] and res.n_samples == 600
+    new, _ = _exchange(tmp_path, "eu").get_state("weights", "round-0001", "coordinator")
+    assert torch.allclose(new["w"], torch.full((2,), (1 * 100 + 2 * 200 + 3 * 300) / 600))

@@ -34,6 +34,8 @@ def fedavg(updates: Sequence[tuple[Mapping[str, torch.Tensor], int]]) -> State:
         if list(state) != keys:
             raise ValueError("updates have different parameter names; sites trained different models")
     largest = max(updates, key=lambda u: u[1])[0]
+    if len(updates) == 1:  # the mean of one state is that state (exactly: its weight is 1); no float64 copy of it
+        return {k: v.detach().clone() for k, v in updates[0][0].items()}
     out: State = {}
     for k in keys:
         ref = updates[0][0][k]
