@@ -48,7 +48,8 @@ def main() -> None:
     from flwr.server.strategy import FedAvg
     from flwr.simulation import run_simulation
 
-    data = np.load(sys.argv[1])
+    with np.load(sys.argv[1]) as npz:  # plain arrays: Ray pickles the client function, and an open file cannot be
+        data = {k: npz[k] for k in npz.files}
     cfg = json.loads(open(sys.argv[2], encoding="utf-8").read())
     sites, keys = cfg["sites"], cfg["keys"]
     init = [data[f"init/{k}"] for k in keys]

@@ -131,7 +131,9 @@ def main() -> None:
         shutil.copytree(REPO / "conf", conf)
         cfg = training_config(conf, args.rounds)
         p = Platform(Path(tmp) / "state", conf, free_ports=True)
+        p.apply_env()  # the operator's variables: each site's store keys to seed it, the exchange's to read it
         p.up()
+        p.apply_env()
         try:
             ours = run_insitu(p, args.rows, args.rounds)
             data = job_data(p, ours["job_id"], Path(tmp) / "data.npz")
