@@ -35,6 +35,19 @@ def save_residual(store: Store, job_id: str, name: str, residual: torch.Tensor) 
     from insitu.federated.state_bytes import payload_to_bytes
 
     store.write_bytes(f"{feedback_dir(job_id)}/{name}{SUFFIX}", payload_to_bytes({"residual": residual}))
+    # Keep this one and the one before it (a retry of this update reads that one); older ones are never read.
+    for path in _earlier(store, job_id, name)[:-1]:
+        try:
+            store.fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+
+
+def _earlier(store: Store, job_id: str, name: str) -> list[str]:
+    """The residuals of this job's updates of ``name``'s kind named before it, oldest first."""
+    kind = name.rsplit("-", 1)[0]
+    found = store.fs.glob(store.path(f"{feedback_dir(job_id)}/{kind}-*{SUFFIX}"))
+    return sorted(p for p in found if p.rsplit("/", 1)[-1].removesuffix(SUFFIX) < name)
 
 
 def load_residual(store: Store, job_id: str, name: str, numel: int) -> torch.Tensor | None:
@@ -47,9 +60,7 @@ def load_residual(store: Store, job_id: str, name: str, numel: int) -> torch.Ten
 
     from insitu.federated.state_bytes import payload_from_bytes
 
-    kind = name.rsplit("-", 1)[0]
-    found = store.fs.glob(store.path(f"{feedback_dir(job_id)}/{kind}-*{SUFFIX}"))
-    earlier = sorted(p for p in found if p.rsplit("/", 1)[-1].removesuffix(SUFFIX) < name)
+    earlier = _earlier(store, job_id, name)
     if not earlier:
         return None
     path = earlier[-1]

@@ -7,7 +7,8 @@ same global model as aggregating every update. A coordinate-wise statistic (medi
 update at once and does not stream.
 
 The mean is updated in place (West 1979): ``mean ← mean + (n_k / N_k) · (x_k − mean)``, with ``N_k`` the samples so far,
-in each tensor's own dtype: no float64 copy of the model, and no sum that grows with the number of sites.
+in each tensor's own dtype (float32 for fp16/bf16): no float64 copy of the model, and no sum that grows with the
+number of sites.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class RunningMean:
         self.total = 0
         self.sites: list[str] = []
         self._largest = -1
+        self._dtypes: dict[str, torch.dtype] = {}
 
     def add(self, site: str, state: Mapping[str, torch.Tensor], n_samples: int) -> None:
         """Fold one update into the mean (``state`` may be dropped afterwards)."""
@@ -38,7 +40,10 @@ class RunningMean:
             raise ValueError(f"update from site {site!r} has sample count {n_samples}")
         self.sites.append(site)
         if self.mean is None:
-            self.mean = {k: v.detach().clone() for k, v in state.items()}
+            # fp16/bf16 tensors are averaged in float32 (rounding would build up over hundreds of sites)
+            self._dtypes = {k: v.dtype for k, v in state.items()}
+            self.mean = {k: v.detach().to(torch.promote_types(torch.float32, v.dtype), copy=True)
+                         if v.is_floating_point() else v.detach().clone() for k, v in state.items()}
             self.total, self._largest = n_samples, n_samples
             return
         self.total += n_samples
@@ -55,4 +60,4 @@ class RunningMean:
     def as_update(self) -> Update:
         if self.mean is None:
             raise ValueError("no update was added")
-        return Update("+".join(self.sites), self.mean, self.total)
+        return Update("+".join(self.sites), {k: v.to(self._dtypes[k]) for k, v in self.mean.items()}, self.total)

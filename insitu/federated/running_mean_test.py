@@ -60,3 +60,12 @@ def test_the_caller_s_tensors_are_never_changed() -> None:
 def test_robust_aggregators_do_not_stream() -> None:
     assert not AGGREGATORS["median"].mean_based and not AGGREGATORS["trimmed_mean"].mean_based
     assert AGGREGATORS["fedavg"].mean_based and AGGREGATORS["fedprox"].mean_based
+
+
+def test_half_precision_states_are_averaged_in_float32_and_come_back_in_their_dtype() -> None:
+    running = RunningMean()
+    for i in range(200):  # 200 sites whose bf16 weights differ by less than bf16 can tell apart step by step
+        running.add(f"s{i}", {"w": torch.full((4,), 1.0 + (i % 2) * 2**-6, dtype=torch.bfloat16)}, 1)
+    out = running.as_update().state["w"]
+    assert out.dtype == torch.bfloat16
+    assert float(out[0]) == pytest.approx(1.0 + 2**-7, abs=2**-8)

@@ -58,6 +58,11 @@ def from_wire(data: bytes, manifest: Mapping[str, Any], where: str, reference: M
             payload = payload_from_bytes(data)
         except Exception as e:  # not a safetensors file at all
             raise ExchangeError(f"{where}: not an encoded update ({type(e).__name__})") from None
+        # Byte for byte what its tensors are written as: a safetensors header may carry free text (__metadata__,
+        # padding), and the byte budget leaves room for it; only the tensors' own bytes may cross.
+        if payload_to_bytes(payload) != data:
+            raise ExchangeError(f"{where}: not in the form its tensors are written in (a header with metadata or "
+                                "extra bytes); refused")
         try:
             state = encoding.decode(payload, reference)
         except CodecError as e:

@@ -224,8 +224,8 @@ BAD_CONFIGS = [
         TRAINING,
         _set(TRAINING, ("federation", "compression"), {"encoding": "topk", "options": {"fraction": 2}}),
         "federation.compression.options",
-        "less than or equal to 1",
-        id="topk-fraction-over-1",
+        "less than or equal to 0.5",
+        id="topk-fraction-over-half",
     ),
     pytest.param(
         TRAINING,

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from protocol_examples import ran_as, store
+from safetensors.torch import save
 
 from insitu.federated.codecs import UpdateEncoding, build_codec
 from insitu.federated.exchange import Exchange, state_to_bytes
@@ -96,6 +97,7 @@ def test_forged_payloads_are_refused_before_any_aggregator_sees_them(tmp_path: P
         "its layout says": payload_to_bytes({**payload, "values": torch.zeros(10, dtype=torch.int8)}),
         "not an encoded update": state_to_bytes(payload),  # a pickle, not safetensors
         "exceeds the bound": payload_to_bytes({**payload, "scales": payload["scales"] * 1e6}),
+        "a header with metadata": save(payload, metadata={"rows": "alice,1970-01-01,4111111111111111"}),
     }
     for why, data in cases.items():
         _forge(tmp_path, "eu", data)
@@ -132,5 +134,8 @@ def test_the_residual_read_is_the_newest_earlier_one_never_the_update_s_own(tmp_
     assert torch.equal(load_residual(s, "job-1", "round-0003", 4), torch.full((4,), 2.0))
     assert torch.equal(load_residual(s, "job-1", "round-0002", 4), torch.full((4,), 1.0))  # a retry of round 2
     assert torch.equal(load_residual(s, "job-1", "round-0001", 4), torch.full((4,), 1.0))  # round 1 was missed
+    save_residual(s, "job-1", "round-0003", torch.full((4,), 3.0))  # round 0's is dropped: nothing reads it again
+    assert sorted(p.rsplit("/", 1)[-1] for p in s.fs.glob(s.path("checkpoints/job-1/feedback/round-*"))) == \
+        ["round-0002.safetensors", "round-0003.safetensors"]
     assert load_residual(s, "job-1", "round-0003", 5) is None  # another model's residual: restart from zero
     assert load_residual(s, "job-2", "round-0003", 4) is None

@@ -51,6 +51,11 @@ class Aggregator(ABC):
     # (insitu.federated.running_mean) and aggregates that one mean, holding one update at a time, not all.
     mean_based: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        # Not inherited: a subclass of FedAvg that weighs or clips each update must not silently get one mean.
+        cls.mean_based = bool(cls.__dict__.get("mean_based", False))
+
     class Options(BaseModel):
         """The aggregator's own options (``aggregator.options`` in a training config); none by default."""
 

@@ -12,6 +12,7 @@ from insitu.federated.aggregators.fedopt import FedOpt
 
 class FedAdagrad(FedOpt):
     name = "fedadagrad"
+    mean_based = True  # its server step sees the sites only through their weighted mean
 
     class Options(FedOpt.Options):
         # v only grows, so the step shrinks; a larger start than Adam/Yogi's (Flower's default) compensates.

@@ -13,6 +13,7 @@ from insitu.federated.aggregators.fedopt import FedOpt
 
 class FedAdam(FedOpt):
     name = "fedadam"
+    mean_based = True  # its server step sees the sites only through their weighted mean
 
     class Options(FedOpt.Options):
         beta_2: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.99  # decay of the second moment

@@ -23,6 +23,7 @@ class FedProx(FedAvg):
     """FedAvg whose rounds ask the sites for a proximal term of weight ``mu``."""
 
     name = "fedprox"
+    mean_based = True  # its server step sees the sites only through their weighted mean
 
     class Options(Aggregator.Options):
         mu: Annotated[float, Field(ge=0.0)] = 0.01

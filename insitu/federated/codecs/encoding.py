@@ -96,9 +96,12 @@ class UpdateEncoding:
             if not ref.is_floating_point():
                 out[k] = kept[k]
                 continue
-            chunk = next(chunks).reshape(ref.shape)
-            if self.delta:  # tensor by tensor, in place: no second model-sized vector of the global weights
-                chunk.add_(ref.detach().cpu().to(torch.float32))
+            # In the wider of float32 and the tensor's dtype (a float64 tensor keeps its precision), tensor by
+            # tensor and in place: no second model-sized vector of the global weights.
+            wide = torch.promote_types(torch.float32, ref.dtype)
+            chunk = next(chunks).reshape(ref.shape).to(wide)
+            if self.delta:
+                chunk.add_(ref.detach().cpu().to(wide))
             out[k] = chunk.to(ref.dtype)
         return out
 

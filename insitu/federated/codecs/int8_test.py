@@ -52,3 +52,29 @@ def test_a_payload_it_never_writes_is_refused() -> None:
         check_parts(codec, {**parts, "values": parts["values"].to(torch.int32)}, SHAPES)
     with pytest.raises(CodecError, match="extra \\['rows'\\]"):
         check_parts(codec, {**parts, "rows": torch.zeros(3)}, SHAPES)
+
+
+@pytest.mark.parametrize("scale", ["tensor", "channel"])
+def test_free_bytes_under_a_scale_are_refused(scale: str) -> None:
+    """A payload decoding like an honest one but carrying other bytes: levels under a zero scale (they decode to 0
+    whatever they are), or a group whose largest level is not 127 (a scale inflated to make room)."""
+    codec = build_codec("int8", {"scale": scale})
+    flat = _flat()
+    parts = codec.encode(flat, SHAPES)
+    check_parts(codec, parts, SHAPES)
+    hidden = parts["values"].clone()
+    hidden[-3:] = torch.tensor([72, 105, 33], dtype=torch.int8)  # under the zero tensor's scale 0
+    with pytest.raises(CodecError, match="not what its scale says"):
+        check_parts(codec, {**parts, "values": hidden}, SHAPES)
+    halved = {"values": torch.round(parts["values"].float() / 2).to(torch.int8), "scales": parts["scales"] * 2}
+    assert torch.allclose(codec.decode(halved, SHAPES), codec.decode(parts, SHAPES), atol=float(parts["scales"].max()))
+    with pytest.raises(CodecError, match="not what its scale says"):
+        check_parts(codec, halved, SHAPES)
+
+
+def test_a_group_below_the_smallest_normal_float_is_sent_as_zeros() -> None:
+    codec = build_codec("int8")
+    flat = torch.cat([torch.full((32,), 1e-39), torch.ones(8), torch.zeros(3)])
+    parts = codec.encode(flat, SHAPES)
+    check_parts(codec, parts, SHAPES)
+    assert float(parts["scales"][0]) == 0.0 and not bool(parts["values"][:32].any())

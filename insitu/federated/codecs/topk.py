@@ -25,8 +25,9 @@ class TopK(Codec):
     needs_delta = True
 
     class Options(Codec.Options):
-        fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.01
-        """share of the values sent (by largest magnitude)"""
+        # At 8 bytes an entry, more than half the values would cost more than fp32 itself.
+        fraction: Annotated[float, Field(gt=0.0, le=0.5)] = 0.01
+        """share of the values sent (by largest magnitude), at most 0.5"""
 
     def _k(self, n: int) -> int:
         return min(n, max(1, math.ceil(self.options.fraction * n))) if n else 0
