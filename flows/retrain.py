@@ -255,14 +255,15 @@ def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> RoundsOutcome:
     try:
         if training.federation.mode == "async":
             outcome = run_async(exchange, sites, training, learning_task, selection, alive, job.audit,
-                                job.flow_run_id, record_version, record_validation)
+                                job.flow_run_id, record_version, record_validation, job.conf.encoding)
         else:
             aggregator = build_aggregator(training.aggregator.name, training.aggregator.options,
                                           max_update_norm=MAX_UPDATE_NORM)
             factor, deadline = load_alerts().slow_round_factor, training.federation.round_deadline_s
             rounds = FederatedRounds(exchange, sites, training, learning_task, aggregator, alive, record, job.audit,
                                      job.flow_run_id, selection,
-                                     lambda rnd, res: job.watch.round_done(rnd, res, deadline, factor))
+                                     lambda rnd, res: job.watch.round_done(rnd, res, deadline, factor),
+                                     job.conf.encoding)
             job.watch.training_starts()
             outcome = run_rounds(rounds, training.rounds, selection)
     except Exception as e:

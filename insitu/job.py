@@ -24,7 +24,7 @@ from insitu.conf.errors import did_you_mean, explain, format_loc
 from insitu.data.features import feature_names
 from insitu.federated.aggregators import AGGREGATORS, Aggregator, build_aggregator
 from insitu.federated.asynchronous import ALGORITHMS, AsyncAlgorithm
-from insitu.federated.codecs import CODECS, UpdateEncoding, build_codec, build_encoding
+from insitu.federated.codecs import CODECS, UpdateEncoding, build_encoding
 from insitu.models import MODELS, ModelContractError, ModelFactory, build_model, model_factory
 from insitu.parallel.strategies import strategies, strategy
 from insitu.parallel.types import Strategy
@@ -173,16 +173,12 @@ def resolve_encoding(t: TrainingConfig, tpath: Path | str = "training") -> Updat
     if c.encoding != "none" and c.encoding not in CODECS:
         raise ConfigError(f"{tpath}: key 'federation.compression.encoding': unknown encoding {c.encoding!r}"
                           f"{did_you_mean(c.encoding, CODECS)}; known: none, {', '.join(sorted(CODECS))}")
-    if c.encoding == "none":
-        return None
     try:
-        codec = build_codec(c.encoding, c.options)  # its own Options validate the options
-    except ValueError as e:
+        return build_encoding(c)
+    except ValidationError as e:  # the codec's own Options refused them
         raise ConfigError(f"{tpath}: key 'federation.compression.options': {e}") from None
-    if codec.needs_delta and not c.delta:
-        raise ConfigError(f"{tpath}: key 'federation.compression.delta': {c.encoding} only encodes an update's "
-                          "difference from the global model; set delta: true")
-    return build_encoding(c)
+    except ValueError as e:  # a codec that encodes only a difference, without delta
+        raise ConfigError(f"{tpath}: key 'federation.compression.delta': {e}") from None
 
 
 def resolve_strategy(t: TrainingConfig, tpath: Path | str = "training") -> Strategy:

@@ -13,7 +13,7 @@ from insitu.conf import TrainingConfig
 from insitu.data.features import feature_names
 from insitu.federated.aggregators import Aggregator
 from insitu.federated.claims import N_SAMPLES_RULE, SCHEMA_RULE, ClaimRefusal
-from insitu.federated.codecs import UpdateEncoding, build_encoding
+from insitu.federated.codecs import UpdateEncoding
 from insitu.federated.exchange import Exchange
 from insitu.federated.kinds import COORDINATOR
 from insitu.federated.paths import GLOBAL_STATS, PREPARE_STATS, STOP, global_weights, validation
@@ -111,6 +111,7 @@ class FederatedRounds:
     flow_run_id: str | None = None
     selection: Selection | None = None  # where sites whose numbers were refused or disagreed are named
     on_round: Callable[[int, dict[str, Any]], None] | None = None  # after each aggregation (alerts)
+    encoding: UpdateEncoding | None = None  # the job's federation.compression, resolved once with the job
     _per_site: dict[str, dict[str, Any]] = field(default_factory=dict, init=False)  # the last validation read
     _missed: dict[int, set[str]] = field(default_factory=dict, init=False)  # rounds closed without these sites
     _committed: dict[str, dict[str, int]] | None = field(default=None, init=False)
@@ -125,8 +126,7 @@ class FederatedRounds:
     def aggregate(self, rnd: int) -> dict[str, Any]:
         f = self.training.federation
         result = aggregate_round(self.ex, rnd, self.sites, f.min_sites, f.round_deadline_s, self.is_alive,
-                                 self.aggregator, self.committed, self.audit, self.flow_run_id,
-                                 build_encoding(f.compression))
+                                 self.aggregator, self.committed, self.audit, self.flow_run_id, self.encoding)
         late = {s for s in result["missing"] if s not in result["rejected"]}
         if late and not result.get("resumed"):
             self._missed[rnd] = late

@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 from insitu.conf import TrainingConfig
 from insitu.federated.asynchronous import build_algorithm, update_limit
 from insitu.federated.asynchronous.server import Arrival, ParameterServer
-from insitu.federated.codecs import build_encoding
+from insitu.federated.codecs import UpdateEncoding
 from insitu.federated.coordinator import RoundsOutcome
 from insitu.federated.exchange import Exchange
 from insitu.federated.kinds import MAX_UPDATE_NORM
@@ -29,13 +29,14 @@ from tasks.claims import committed_counts, judged_metrics
 from tasks.evaluate import read_validation
 
 
-def open_server(ex: Exchange, training: TrainingConfig, sites: list[str]) -> ParameterServer:
+def open_server(ex: Exchange, training: TrainingConfig, sites: list[str],
+                encoding: UpdateEncoding | None = None) -> ParameterServer:
     """The job's parameter server: a new one at version 0, or the state a previous attempt left (resume)."""
     limit = update_limit(training)
     assert limit is not None, "open_server is for federation.mode: async"
     server = ParameterServer(ex, build_algorithm(training.federation.asynchronous), sites, training.rounds, limit,
                              max_update_norm=MAX_UPDATE_NORM, committed=committed_counts(ex, sites),
-                             encoding=build_encoding(training.federation.compression))
+                             encoding=encoding)
     if server.version or server.decisions:
         get_run_logger().info("async job %s resumed: version %d of %d, %d update(s) decided before", ex.job_id,
                               server.version, server.target, server.decisions)
@@ -100,12 +101,13 @@ def serve(server: ParameterServer, deadline_s: float, is_alive: Callable[[str], 
 def run_async(ex: Exchange, sites: list[str], training: TrainingConfig, task_spec: TaskSpec, selection: Selection,
               is_alive: Callable[[str], bool], audit: Auditor, flow_run_id: str | None,
               on_version: Callable[[dict[str, Any]], None],
-              on_validation: Callable[[int, RoundValidation, dict[str, dict[str, Any]]], None]) -> RoundsOutcome:
+              on_validation: Callable[[int, RoundValidation, dict[str, dict[str, Any]]], None],
+              encoding: UpdateEncoding | None = None) -> RoundsOutcome:
     """The async job's training phase on the coordinator: serve until the target version, then read the sites'
     validations (each site validated the versions it pulled, and every one the final version) and select the
     last version (async mode registers the last; see ``TrainingConfig``'s check)."""
     deadline = training.federation.round_deadline_s
-    server = open_server(ex, training, sites)
+    server = open_server(ex, training, sites, encoding)
     results = serve(server, deadline, is_alive, audit, flow_run_id, on_version)
     last = server.version
     collect(ex, validation(last), sites, deadline, is_alive)  # the final version's: may still be on their way

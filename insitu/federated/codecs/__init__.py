@@ -43,6 +43,6 @@ def build_encoding(conf: CompressionConfig) -> UpdateEncoding | None:
         return None
     codec = build_codec(conf.encoding, conf.options)
     if codec.needs_delta and not conf.delta:
-        raise ValueError(f"{conf.encoding} only encodes an update's difference from the global model (of the "
-                         "weights themselves it would send almost none of them); set delta: true")
+        raise ValueError(f"{conf.encoding} only encodes an update's difference from the global model; "
+                         "set delta: true")
     return UpdateEncoding(codec, delta=conf.delta, error_feedback=conf.error_feedback)
