@@ -1,23 +1,79 @@
-"""How much of a ``retrain`` job is orchestration rather than compute, per phase and per round.
+"""How much of a ``retrain`` job is orchestration rather than compute: per phase, per round, Prefect API calls
+and flow-run starts per job, where one round's seconds go, and what the idle platform costs.
 
-    .venv/bin/insitu up && .venv/bin/insitu seed && .venv/bin/insitu deploy
-    .venv/bin/python bench/pipeline_overhead.py --run            # runs a job, then analyses it
-    .venv/bin/python bench/pipeline_overhead.py --flow-run <id>  # analyses a finished retrain run
+    .venv/bin/python bench/pipeline_overhead.py --fresh              # its own platform: start, seed, run, stop
+    .venv/bin/python bench/pipeline_overhead.py --run                # a job on the running platform (insitu up)
+    .venv/bin/python bench/pipeline_overhead.py --flow-run <id>      # analyses a finished retrain run
 
 Compute is what the tasks timed inside (prepare on Dask, each round's training, evaluation); a phase's
 overhead is its wall time minus the slowest site's compute (sites run in parallel), a round's overhead
 is the time between two aggregations minus the slowest site's training task for that round.
+
+``--fresh`` starts the Prefect server with its access log on (``PREFECT_SERVER_LOGGING_LEVEL=INFO``), so it
+also counts the API calls the job made (every caller: the flows, the workers' polls, the CLI's wait), and samples
+the idle platform's CPU after the job (every process the platform started, with their children).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
 from pathlib import Path
+from statistics import median
 from typing import Any
 
-from deployments.platform import REPO, Platform
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.demo_job import prefect_at, seed_and_deploy, start_demo_job, wait_final  # noqa: E402
+from deployments.platform import REPO, Platform  # noqa: E402
+
+ACCESS = re.compile(r'"(GET|POST|PUT|PATCH|DELETE) (/api/[^ ?"]*)')
+ID = re.compile(r"/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def api_calls(log: Path, start: int, end: int | None = None) -> Counter[str]:
+    """The Prefect API calls in the server's access log between two byte offsets, by method and route."""
+    with log.open("rb") as f:
+        f.seek(start)
+        text = f.read(None if end is None else end - start).decode("utf-8", "replace")
+    return Counter(f"{m} {ID.sub('/{id}', path)}" for m, path in ACCESS.findall(text))
+
+
+def idle_cpu(p: Platform, seconds: float) -> dict[str, Any]:
+    """Percent of one core each platform component (with its children) used over ``seconds`` of idling."""
+    import psutil
+
+    def tree(pid: int) -> list[psutil.Process]:
+        try:
+            root = psutil.Process(pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def cpu(procs: list[psutil.Process]) -> dict[int, float]:
+        out = {}
+        for proc in procs:
+            try:
+                t = proc.cpu_times()
+                out[proc.pid] = t.user + t.system + t.children_user + t.children_system
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    comps = {name: tree(s["pid"]) for name, s in p.status().items() if s.get("pid")}
+    before = {name: cpu(procs) for name, procs in comps.items()}
+    time.sleep(seconds)
+    after = {name: cpu(procs) for name, procs in comps.items()}
+    per = {name: round(100 * sum(after[name].get(pid, t) - t for pid, t in before[name].items()) / seconds, 2)
+           for name in comps}
+    return {"seconds": seconds, "total_pct_of_one_core": round(sum(per.values()), 1),
+            "by_component": dict(sorted(per.items(), key=lambda kv: -kv[1]))}
 
 
 def analyse(flow_run_id: str) -> dict[str, Any]:
@@ -28,18 +84,28 @@ def analyse(flow_run_id: str) -> dict[str, Any]:
         top = c.read_flow_run(flow_run_id)
         job = top.parameters.get("params", {}).get("job_id")
         if not job:
-            raise SystemExit("this analysis needs a run with an explicit job_id (use --run)")
+            raise SystemExit("this analysis needs a run with an explicit job_id (use --run or --fresh)")
         kids = c.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=job)))
+        kids = [k for k in kids if k.id != top.id]
         ids = [k.id for k in kids] + [top.id]
         tasks = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)),
                                  task_run_filter=TaskRunFilter(), limit=200)
     dur = {t.name: t.total_run_time.total_seconds() for t in tasks}
+    start = {t.name: t.start_time for t in tasks}
     end = {t.name: t.end_time for t in tasks}
-    out: dict[str, Any] = {"job_id": job, "wall_s": (top.end_time - top.start_time).total_seconds(), "phases": {}}
-    compute_total = 0.0
+    out: dict[str, Any] = {"job_id": job, "wall_s": (top.end_time - top.start_time).total_seconds(),
+                           "flow_run_starts": 1 + len(kids),
+                           "site_flow_runs": dict(Counter(k.name.rsplit("-", 2)[0].rsplit("-", 1)[0] for k in kids)),
+                           "phases": {}}
+    compute_total = slowest_total = 0.0
     for phase, pat in (("prepare", r"^prepare-"), ("train", r"^train-"), ("evaluate", r"^evaluate-")):
         runs = [k for k in kids if k.name.startswith(f"site-{phase}")]
-        wall = (max(k.end_time for k in runs) - min(k.created for k in runs)).total_seconds()
+        first = min((start[n] for n in dur if re.match(pat, n) and start[n]), default=None)
+        last = max((end[n] for n in dur if re.match(pat, n) and end[n]), default=None)
+        if runs:  # a flow run per site for the phase: from the first run created to the last one ended
+            wall = (max(k.end_time for k in runs) - min(k.created for k in runs)).total_seconds()
+        else:  # the phase inside a longer site run: from its first task's start to its last task's end
+            wall = (last - first).total_seconds() if first and last else 0.0
         per_site: dict[str, float] = {}
         for name, d in dur.items():
             if re.match(pat, name):
@@ -47,22 +113,94 @@ def analyse(flow_run_id: str) -> dict[str, Any]:
                 per_site[site] = per_site.get(site, 0.0) + d
         compute_total += sum(per_site.values())
         critical = max(per_site.values(), default=0.0)
+        slowest_total += critical
         out["phases"][phase] = {"wall_s": round(wall, 2), "slowest_site_compute_s": round(critical, 2),
                                 "overhead_s": round(wall - critical, 2)}
+    out["slowest_site_compute_s"] = round(slowest_total, 2)
+    out["target_wall_s"] = round(1.3 * slowest_total + 20, 1)  # issue #22: 1.3 x the slowest site's compute + 20 s
     rounds = sorted(int(m.group(1)) for n in dur if (m := re.match(r"aggregate-round-(\d+)", n)))
-    prev = min(k.created for k in kids if k.name.startswith("site-train"))
+    site_train = [k for k in kids if k.name.startswith("site-train")]
+    prev = min(k.created for k in site_train) if site_train else start.get("aggregate-round-0")
     per_round = []
     for r in rounds:
         agg_end = end[f"aggregate-round-{r}"]
         wall = (agg_end - prev).total_seconds()
         slowest = max((d for n, d in dur.items() if re.match(rf"^train-.+-round-{r}$", n)), default=0.0)
         per_round.append({"round": r, "wall_s": round(wall, 2), "slowest_site_train_s": round(slowest, 2),
-                          "overhead_s": round(wall - slowest, 2)})
+                          "overhead_s": round(wall - slowest, 2), "profile": round_profile(r, start, end, prev)})
         prev = agg_end
     out["rounds"] = per_round
     out["compute_s_all_sites"] = round(compute_total, 2)
     steady = [r["overhead_s"] for r in per_round[1:]] or [r["overhead_s"] for r in per_round]
-    out["median_round_overhead_s"] = round(sorted(steady)[len(steady) // 2], 2) if steady else None
+    out["median_round_overhead_s"] = round(median(steady), 2) if steady else None
+    return out
+
+
+def round_profile(r: int, start: dict[str, Any], end: dict[str, Any], published: Any) -> dict[str, float]:
+    """Where round ``r``'s seconds went, on its slowest path: from the global model's publication (the previous
+    aggregation's end) to a site's validation task starting (its poll noticing it), the validation, the gap to
+    the train task, the train task, and from the last update to the aggregation's end (the coordinator's poll,
+    reading, checking and aggregating the updates, publishing the next model)."""
+    sites = sorted({m.group(1) for n in start if (m := re.match(rf"^train-(.+)-round-{r}$", n))})
+    if not sites:
+        return {}
+
+    def s(a: Any, b: Any) -> float:
+        return (b - a).total_seconds() if a is not None and b is not None else 0.0
+
+    rows = []
+    for site in sites:
+        v, t = f"validate-{site}-round-{r}", f"train-{site}-round-{r}"
+        rows.append({"notice_s": s(published, start.get(v, start[t])), "validate_s": s(start.get(v), end.get(v)),
+                     "validate_to_train_s": s(end.get(v), start[t]) if v in end else 0.0,
+                     "train_task_s": s(start[t], end[t]), "train_end": end[t]})
+    last = max(rows, key=lambda x: x["train_end"])
+    agg = f"aggregate-round-{r}"
+    return {**{k: round(v, 2) for k, v in last.items() if k != "train_end"},
+            "last_update_to_next_global_s": round(s(last["train_end"], end.get(agg)), 2),
+            "aggregate_task_s": round(s(start.get(agg), end.get(agg)), 2)}
+
+
+def fresh(rows: int, rounds: int, idle_s: float) -> dict[str, Any]:
+    """A platform of its own (free ports, access log on): seed, deploy, one demo job, its analysis, idle CPU."""
+    with tempfile.TemporaryDirectory(prefix="insitu-overhead-") as tmp:
+        conf = Path(tmp) / "conf"
+        shutil.copytree(REPO / "conf", conf)
+        os.environ["PREFECT_SERVER_LOGGING_LEVEL"] = "INFO"  # the server's access log: one line per API call
+        p = Platform(Path(tmp) / "state", conf, free_ports=True)
+        p.apply_env()
+        t0 = time.perf_counter()
+        p.up()
+        up_s = time.perf_counter() - t0
+        p.apply_env()
+        log = p.dir / "logs" / "prefect-server.log"
+        try:
+            with prefect_at(p):
+                seed_and_deploy(p, rows)
+                time.sleep(5)
+                before = log.stat().st_size
+                t0 = time.perf_counter()
+                run_id = start_demo_job(p, rounds, "overhead")
+                (run,) = wait_final([run_id], poll_s=2.0)
+                submitted_to_final = time.perf_counter() - t0
+                during = log.stat().st_size
+                if not run.state.is_completed():
+                    raise SystemExit(f"retrain {run.state.name}: {run.state.message}")
+                out = analyse(str(run_id))
+                time.sleep(15)  # the job's processes end and the servers settle
+                quiet = log.stat().st_size
+                cpu = idle_cpu(p, idle_s)
+                idle_calls = api_calls(log, quiet)
+                job_calls = api_calls(log, before, during)
+        finally:
+            p.down()
+    total = sum(job_calls.values())
+    out.update({"platform_up_s": round(up_s, 1), "submitted_to_final_s": round(submitted_to_final, 1),
+                "prefect_api_calls": total,
+                "prefect_api_calls_per_round": round(total / max(1, len(out["rounds"])), 1),
+                "prefect_api_top": dict(job_calls.most_common(12)),
+                "idle_prefect_api_calls_per_s": round(sum(idle_calls.values()) / idle_s, 2),
+                "idle_cpu": cpu})
     return out
 
 
@@ -71,24 +209,26 @@ def main() -> None:
     ap.add_argument("--state-dir", default=str(REPO / ".insitu"))
     ap.add_argument("--flow-run", default=None)
     ap.add_argument("--run", action="store_true", help="trigger a retrain job first (platform must be up)")
+    ap.add_argument("--fresh", action="store_true", help="start a platform of its own, run a job, stop it")
+    ap.add_argument("--rows", type=int, default=20_000, help="rows per site (--fresh)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--idle-s", type=float, default=30.0, help="how long to sample the idle platform (--fresh)")
     args = ap.parse_args()
+    if args.fresh:
+        print(json.dumps(fresh(args.rows, args.rounds, args.idle_s), default=str))
+        return
     p = Platform(Path(args.state_dir))
     p.apply_env()
     flow_run = args.flow_run
     if args.run:
-        import uuid
-
-        from prefect.deployments import run_deployment
-
-        job = f"bench-{uuid.uuid4().hex[:8]}"
-        fr = run_deployment("retrain/coordinator", parameters={"params": {"job_id": job, "rounds": args.rounds}},
-                            timeout=3600, poll_interval=2)
-        if not fr.state.is_completed():
-            raise SystemExit(f"retrain {fr.state.name}: {fr.state.message}")
-        flow_run = str(fr.id)
+        with prefect_at(p):
+            run_id = start_demo_job(p, args.rounds, "bench")
+            (run,) = wait_final([run_id])
+        if not run.state.is_completed():
+            raise SystemExit(f"retrain {run.state.name}: {run.state.message}")
+        flow_run = str(run_id)
     if not flow_run:
-        raise SystemExit("give --flow-run <id> or --run")
+        raise SystemExit("give --flow-run <id>, --run or --fresh")
     print(json.dumps(analyse(flow_run), default=str))
 
 

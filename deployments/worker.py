@@ -26,6 +26,7 @@ import logging
 import os
 import tempfile
 import warnings
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from prefect.utilities.engine import propose_state
 from prefect.workers.process import ProcessJobConfiguration, ProcessWorker, ProcessWorkerResult
 
 from deployments import worker_policy as policy
+from deployments.poll_pace import PollPace
 from insitu.governance.identity import Identity, load_identity
 
 log = logging.getLogger("insitu.worker")
@@ -92,6 +94,17 @@ class InsituWorker(ProcessWorker):
         super().__init__(work_pool_name=identity.work_pool, **kwargs)
         self.identity = identity
         self._locked_template = policy.locked_base_job_template()
+        self.pace = PollPace()
+
+    async def get_and_submit_flow_runs(self) -> list[FlowRun]:
+        """Prefect's poll, asked every tick while this pool is busy and once per ``IDLE_POLL_S`` while it idles."""
+        if not self.pace.due():
+            self._last_polled_time = datetime.now(UTC)  # the loop is alive: Prefect's healthcheck reads this
+            return []
+        runs = await super().get_and_submit_flow_runs()
+        if runs:
+            self.pace.active()
+        return runs
 
     def _record_work_pool_snapshot(self, work_pool: WorkPool) -> None:
         if work_pool.base_job_template != self._locked_template:
@@ -181,6 +194,19 @@ class InsituWorker(ProcessWorker):
             return policy.load_flow(role, (await self.client.read_flow(fr.flow_id)).name)
 
         execution: FlowRunExecutionResult | None = None
+        self.pace.started()
+        try:
+            execution = await self._execute(flow_run, configuration, workdir, resolve_flow, task_status)
+        finally:
+            self.pace.ended()
+        if execution is None or execution.status_code is None:
+            raise RuntimeError("failed to start the flow run's process")
+        return ProcessWorkerResult(status_code=execution.status_code, identifier=str(execution.handle.pid))
+
+    async def _execute(self, flow_run: FlowRun, configuration: ProcessJobConfiguration, workdir: Path,
+                       resolve_flow: Any, task_status: anyio.abc.TaskStatus[int]) -> FlowRunExecutionResult | None:
+        """Start the flow run's process with the locked command and wait for it to end."""
+        execution: FlowRunExecutionResult | None = None
         async with FlowRunExecutorContext() as ctx:
             starter = EngineCommandStarter(command=configuration.command, cwd=workdir, env=configuration.env,
                                            stream_output=configuration.stream_output,
@@ -196,9 +222,7 @@ class InsituWorker(ProcessWorker):
                 if handle.pid is None:
                     raise RuntimeError("the flow run's process has no PID")
                 task_status.started(handle.pid)
-        if execution is None or execution.status_code is None:
-            raise RuntimeError("failed to start the flow run's process")
-        return ProcessWorkerResult(status_code=execution.status_code, identifier=str(execution.handle.pid))
+        return execution
 
     async def _submit_adhoc_run(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("ad-hoc submission is disabled on insitu workers")

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -119,7 +120,10 @@ class Components:
              "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": api, "PREFECT_API_URL": api,
              "PREFECT_SERVER_API_AUTH_STRING": self._state.prefect_auth, **self._prefect_database(),
              # Concurrency leases (a job's hold, tasks.job_lease) on disk in its home: a restart keeps them.
-             "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": "prefect.server.concurrency.lease_storage.filesystem"},
+             "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": "prefect.server.concurrency.lease_storage.filesystem",
+             # The operator's choice of the server's log level (INFO: its access log, a line per API call, which
+             # bench/pipeline_overhead.py counts); Prefect's default otherwise.
+             **{k: os.environ[k] for k in ("PREFECT_SERVER_LOGGING_LEVEL",) if k in os.environ}},
             lambda: http_ok(self._urls.prefect_api_url + "/health"),
             timeout=120, netns=self.netns(None),
         )

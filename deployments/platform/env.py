@@ -28,7 +28,10 @@ BASE_ENV = ("PATH", "LANG", "LC_ALL", "SHELL")
 # An idle site's Dask processes wake 50 times a second for the event-loop health tick and twice a second for the
 # system monitor: about 2% of a core each, a fifth of a core for the local platform's schedulers and workers
 # (measured: 1.7-1.9% per idle process by default, 0.3-0.5% with these). Neither feeds anything insitu uses.
-IDLE_DASK = {"DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "1s", "DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__INTERVAL": "5s"}
+# Each nanny also reads its worker's memory ten times a second: once a second keeps the 2 GiB limit enforced and
+# cut a site's idle workers from 2.6% to 0.9% of a core (bench/pipeline_overhead.py measures the platform's).
+IDLE_DASK = {"DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "1s", "DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__INTERVAL": "5s",
+             "DASK_DISTRIBUTED__WORKER__MEMORY__MONITOR_INTERVAL": "1s"}
 
 
 class Environments:

@@ -15,9 +15,8 @@ carries a manifest (``<name>.manifest.json``) with its SHA-256, size and sample 
 
 Objects are named by the catalogue of :mod:`insitu.federated.paths` (``ex.get_json(GLOBAL_STATS,
 writer=COORDINATOR)``, ``ex.put_state(global_weights(1), state, ...)``), or by a raw kind and name
-(``ex.get_json("stats", "global.json", writer=...)``): the raw form stays so that tests can name, and be refused,
-what the catalogue cannot.
-"""
+(``ex.get_json("stats", "global.json", writer=...)``): the raw form stays so that tests can name, and be
+refused, what the catalogue cannot."""
 
 from __future__ import annotations
 
@@ -42,6 +41,7 @@ from insitu.federated.kinds import (
 )
 from insitu.federated.ledger import bytes_by_writer, stray_objects
 from insitu.federated.paths import ABORT, Document, Kind, State
+from insitu.federated.polling import backoff
 from insitu.federated.schemas import Artefact, artefact, check_document
 from insitu.federated.state_bytes import state_from_bytes, state_to_bytes
 from insitu.federated.wire import from_wire, to_wire
@@ -310,23 +310,23 @@ class Exchange:
     def wait_for(
         self, kind: str, name: str, writer: str | None = None, timeout: float = 600.0, poll: float = 0.5
     ) -> bool: ...
-    def wait_for(
-        self, kind: str | Document, name: str | None = None, writer: str | None = None, timeout: float = 600.0,
-        poll: float = 0.5,
-    ) -> bool:
+    def wait_for(self, kind: str | Document, name: str | None = None, writer: str | None = None,
+                 timeout: float = 600.0, poll: float = 0.5) -> bool:
         """Wait until an artefact exists (a state: its ``.manifest``); False on timeout."""
         return self.wait_for_any([(*document_of(kind, name), writer)], timeout, poll) is not None
 
     def wait_for_any(
         self, candidates: Sequence[Candidate], timeout: float = 600.0, poll: float = 0.5
     ) -> Candidate | None:
-        """Wait until one of the candidates exists; returns it, or None on timeout.
+        """Wait until one of the candidates exists (looking again after 50 ms, then less often, up to every
+        ``poll`` seconds); returns it, or None on timeout.
 
         A candidate is ``(document, writer)`` with a Document of :mod:`insitu.federated.paths` (a state's
         ``.manifest``), or a raw ``(kind, name, writer)``.
         """
         deadline = time.monotonic() + timeout
         paths = [(c, self._path(self.key(*document_of(*c[:-1]), c[-1]))) for c in candidates]
+        pause = backoff(poll)
         while True:
             self.fs.invalidate_cache()
             for c, path in paths:
@@ -334,7 +334,7 @@ class Exchange:
                     return c
             if time.monotonic() >= deadline:
                 return None
-            time.sleep(poll)
+            time.sleep(min(next(pause), max(0.0, deadline - time.monotonic())))
 
     @overload
     def delete(self, doc: Document, /) -> None: ...

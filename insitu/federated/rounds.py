@@ -21,6 +21,7 @@ from insitu.federated.exchange import Exchange, enforce_protocol
 from insitu.federated.kinds import COORDINATOR, MAX_UPDATE_NORM, ExchangeError, site_budgets
 from insitu.federated.paths import Document, aggregator_state, global_weights, update
 from insitu.federated.paths import round_name as round_name  # re-exported: where it was defined before paths
+from insitu.federated.polling import backoff
 from insitu.federated.running_mean import RunningMean
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ def collect(
     deadline = time.monotonic() + deadline_s
     next_liveness = time.monotonic()
     arrived: list[str] = []
+    pause = backoff(poll)
     while True:
         arrived = arrived + [s for s in sites if s not in arrived and ex.exists(doc, writer=s)]
         pending = [s for s in sites if s not in arrived]
@@ -86,7 +88,7 @@ def collect(
                 arrived += [s for s in pending if ex.exists(doc, writer=s)]
                 break
             next_liveness = time.monotonic() + alive_every_s
-        time.sleep(poll)
+        time.sleep(min(next(pause), max(0.0, deadline - time.monotonic())))
     arrived = [s for s in sites if s in arrived]
     return arrived, [s for s in sites if s not in arrived]
 
