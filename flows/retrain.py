@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
-from uuid import UUID
 
 import mlflow
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
 from flows.forms import RetrainParams
-from insitu.conf import TrainingConfig, load_alerts, trusted_training
+from insitu.conf import TrainingConfig, load_alerts, load_training, trusted_training
 from insitu.federated.aggregators import build_aggregator
 from insitu.federated.asynchronous import update_limit
 from insitu.federated.coordinator import RoundsOutcome, run_rounds
@@ -34,9 +32,11 @@ from insitu.federated.quorum import quorum_refusal
 from insitu.federated.site_rounds import site_wait_timeout_s
 from insitu.federated.validation import RoundValidation, Selection
 from insitu.gate import Promotion
+from insitu.governance import job_request as request_rule
+from insitu.governance.approvals import approvals_dir, find_approval
 from insitu.governance.audit_service import Auditor
 from insitu.governance.identity import Identity
-from insitu.governance.request import SignedRequest
+from insitu.governance.request import RequestError, SignedRequest, parse_signed, training_sha256
 from insitu.job import JobSpec, load_job
 from insitu.storage import store_from_env
 from insitu.summary import collect_identities, job_summary, summary_markdown, withheld_by_floor
@@ -50,7 +50,6 @@ from tasks.federation import FederatedRounds, publish_global_stats, publish_init
 from tasks.federation_async import run_async
 from tasks.figures import log_figures
 from tasks.job_lease import one_run_per_job, stop_earlier_site_runs
-from tasks.job_request import job_request
 from tasks.mlflow_runs import (
     finish_runs,
     log_async_version,
@@ -62,7 +61,6 @@ from tasks.mlflow_runs import (
 )
 from tasks.promotion import gate_and_promote
 from tasks.registration import Champion, Registration, load_champion, register_model
-from tasks.train_start import cancelled_on_error, start_train_runs, stop_train_runs
 
 
 @dataclass
@@ -79,7 +77,6 @@ class Job:
     audit: Auditor
     signed: SignedRequest
     exchange: Exchange
-    train_runs: dict[str, UUID] = field(default_factory=dict)  # started beside the prepare runs (tasks.train_start)
 
     @property
     def training(self) -> TrainingConfig:
@@ -93,10 +90,6 @@ class Job:
     def watch(self) -> RunWatch:
         """Paused pools and forced site runs of this job, audited and alerted while it waits for its sites."""
         return RunWatch(self.audit, self.job_id, self.flow_run_id, self.pools, self.exchange)
-
-    def train_params(self, sites: Iterable[str]) -> dict[str, dict[str, Any]]:
-        wait_s = site_wait_timeout_s(self.training.federation.round_deadline_s)
-        return {site: {**self.common, "wait_timeout_s": wait_s} for site in sites}
 
     @property
     def common(self) -> dict[str, Any]:
@@ -128,11 +121,10 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
     with one_run_per_job(job.job_id, job.flow_run_id, job.audit):  # a second run of the job is refused at once
         stop_earlier_site_runs(job.job_id, job.flow_run_id, job.audit)  # an earlier run that died left them going
         plan = plan_job(job)
-        with cancelled_on_error(lambda: job.train_runs):  # until the rounds take the early train runs over
-            sites = prepare(job, plan)
-            stats = publish_global_stats(job.exchange, job.conf, sites)
-            publish_initial_weights(job.exchange, job.conf, stats["norm"])
-            mlruns = start_runs(job.conf, job.job_id, sites, job.flow_run_id)
+        sites = prepare(job, plan)
+        stats = publish_global_stats(job.exchange, job.conf, sites)
+        publish_initial_weights(job.exchange, job.conf, stats["norm"])
+        mlruns = start_runs(job.conf, job.job_id, sites, job.flow_run_id)
         # System metrics (CPU, memory) of the coordinator are recorded on the parent run while it is active.
         with mlflow.start_run(run_id=mlruns["parent"], log_system_metrics=True):
             outcome = train(job, sites, mlruns)
@@ -155,7 +147,7 @@ def open_job(params: RetrainParams) -> Job:
     conf = load_job(trusted_training(params.training), params.dataset, overrides=overrides or None)
     identity, flow_run_id = actor_identity("coordinator", job_id)
     audit = identity.audit()
-    signed = job_request(params.request, params.training, params.dataset, job_id, overrides, audit, flow_run_id)
+    signed = job_request(params, job_id, overrides, audit, flow_run_id)
     exchange = Exchange(store_from_env(conf.sites.exchange, "exchange"), job_id, writer=COORDINATOR)
     return Job(params, job_id, started, overrides, conf, identity, flow_run_id, audit, signed, exchange)
 
@@ -202,7 +194,6 @@ def prepare(job: Job, plan: dict[str, list[str]]) -> list[str]:
         return reused
     # No shards: each site reads every shard its own datasets.yaml pins to it for the signed dataset.
     run_ids = start_site_runs("site-prepare", {site: dict(job.common) for site in plan}, job.pools, job.exchange)
-    job.train_runs = start_train_runs(job.train_params(plan), job.pools, job.exchange)
     # A shard that stalls a site's preparation must not stall the job: past the deadline the site is left out.
     deadline = min(job.params.phase_timeout_s, job.training.federation.prepare_deadline_s)
     runs = wait_for_runs(run_ids, deadline, on_poll=job.watch.on("prepare"))
@@ -210,7 +201,6 @@ def prepare(job: Job, plan: dict[str, list[str]]) -> list[str]:
                            "federation.prepare_deadline_s")
     job.watch.excuse(run_ids[site] for site in late)  # cancelled by the coordinator, not forced by someone else
     failures = leave_out_late(run_ids, runs, late)
-    stop_train_runs(job.train_runs, failures)  # before the statistics that would wake them
     sites = [site for site in plan if site not in failures]
     require_quorum(job, "prepare", sites, failures)
     if failures:
@@ -229,8 +219,9 @@ def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> RoundsOutcome:
     # When the phase started and when its last global model was made: the wall time of the job's updates,
     # which is what sync and async mode are compared by (bench/async_vs_sync.py, tests/e2e/test_async.py).
     marks = {"start": time.monotonic()}
-    run_ids = {site: job.train_runs[site] for site in sites} if job.train_runs else \
-        start_site_runs("site-train", job.train_params(sites), job.pools, job.exchange)  # a reused preparation
+    wait_s = site_wait_timeout_s(training.federation.round_deadline_s)
+    run_ids = start_site_runs("site-train", {site: {**job.common, "wait_timeout_s": wait_s} for site in sites},
+                              job.pools, job.exchange)
 
     def alive(site: str) -> bool:
         state = run_states({site: run_ids[site]})[site].state
@@ -373,6 +364,23 @@ def finish(job: Job, mlruns: dict[str, str], registration: Registration, promoti
                 registration.version, registration.alias, primary, evaluated.global_metrics.get(primary, float("nan")),
                 promotion.reason)
     return summary
+
+
+def job_request(params: RetrainParams, job_id: str, overrides: dict[str, Any], audit: Auditor,
+                flow_run_id: str | None) -> SignedRequest:
+    """The signed request this job runs under: the one passed in, else the standing approval, if it covers this
+    run (:func:`insitu.governance.job_request.job_request`); a refusal is audited before it is raised."""
+    try:
+        if params.request:
+            given = parse_signed(params.request)
+        else:
+            given = find_approval(approvals_dir(), params.training, params.dataset)
+        digest = training_sha256(load_training(trusted_training(params.training)))
+        return request_rule.job_request(given, job_id=job_id, training=params.training, dataset=params.dataset,
+                                        training_hash=digest, overrides=overrides)
+    except RequestError as e:
+        audit.append("job.refused", job_id=job_id, flow_run_id=flow_run_id, rule=request_rule.RULE, reason=str(e))
+        raise
 
 
 def require_quorum(job: Job, phase: str, succeeded: list[str], failures: dict[str, str]) -> None:

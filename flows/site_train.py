@@ -1,8 +1,5 @@
 """``site-train``: runs on a site's own pool, once per job; every federated round is a task inside it.
 
-The coordinator starts it beside the site's prepare run; it waits for the job's global statistics before it does
-anything else (:mod:`tasks.train_start`).
-
 The round protocol (what to wait for, when to validate, train, skip or stop) is the core's:
 :func:`insitu.federated.site_rounds.run_site_rounds` and, in async mode,
 :func:`insitu.federated.asynchronous.site.run_site_updates`. This flow hands them the site's tasks.
@@ -23,7 +20,6 @@ from tasks.anchoring import anchor_site
 from tasks.context import site_context
 from tasks.evaluate import validator
 from tasks.train import train_async_update, train_round
-from tasks.train_start import await_preparation
 
 
 @flow(name="site-train", log_prints=False)
@@ -37,9 +33,6 @@ def site_train(
 ) -> dict[str, Any]:
     """Every round of the job: wait for the global weights, train locally, publish the update."""
     logger = get_run_logger()
-    if not await_preparation(job_id, training, dataset, overrides):  # started beside the job's prepare runs
-        logger.warning("job %s was aborted before its sites had prepared; nothing to train", job_id)
-        return {"site": None, "rounds": 0}
     context = site_context(job_id, training, dataset, overrides, request, "train", {"wait_timeout_s": wait_timeout_s})
     training_config = context.conf.training
     global_stats = context.exchange.get_json(GLOBAL_STATS, writer=COORDINATOR)
