@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 IDLE_POLL_S = 3.0  # how often an idle worker asks
-ACTIVE_WINDOW_S = 120.0  # how long after a run was submitted or ended a worker still asks every query interval
+ACTIVE_WINDOW_S = 30.0  # how long after a run was submitted or ended a worker still asks every query interval
 
 
 class PollPace:

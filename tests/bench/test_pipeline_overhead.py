@@ -1,0 +1,46 @@
+"""bench/pipeline_overhead.py's own arithmetic: the API calls it counts in the access log, a round's profile.
+
+The analysis of a real job runs in tests/e2e/test_ui_trigger.py; the whole bench (a platform of its own) is too
+slow for CI and is run by hand (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from pipeline_overhead import api_calls, round_profile  # noqa: E402
+
+LOG = """\
+INFO:     127.0.0.1:50312 - "POST /api/work_pools/insitu-eu/get_scheduled_flow_runs HTTP/1.1" 200 OK
+INFO:     127.0.0.1:50318 - "GET /api/flow_runs/1c8a3f52-0b7e-4c55-9a3e-2f0c6d1e9b10 HTTP/1.1" 200 OK
+some other line of the server
+INFO:     127.0.0.1:50320 - "GET /api/flow_runs/9d0e1f2a-3b4c-4d5e-8f6a-7b8c9d0e1f2a HTTP/1.1" 200 OK
+INFO:     127.0.0.1:50321 - "POST /api/logs/?x=1 HTTP/1.1" 201 Created
+"""
+
+
+def test_api_calls_are_counted_by_method_and_route_between_offsets(tmp_path: Path) -> None:
+    log = tmp_path / "prefect-server.log"
+    log.write_text(LOG)
+    assert api_calls(log, 0) == {"POST /api/work_pools/insitu-eu/get_scheduled_flow_runs": 1,
+                                 "GET /api/flow_runs/{id}": 2, "POST /api/logs/": 1}
+    first = len(LOG.splitlines(keepends=True)[0])
+    assert sum(api_calls(log, first, len(LOG)).values()) == 3
+
+
+def test_a_round_profile_follows_its_slowest_site() -> None:
+    t0 = datetime(2026, 12, 6, tzinfo=UTC)
+
+    def at(s: float) -> datetime:
+        return t0 + timedelta(seconds=s)
+
+    start = {"validate-eu-round-1": at(0.5), "train-eu-round-1": at(1.5), "validate-us-round-1": at(0.2),
+             "train-us-round-1": at(1.0), "aggregate-round-1": at(0.1)}
+    end = {"validate-eu-round-1": at(1.4), "train-eu-round-1": at(6.0), "validate-us-round-1": at(0.9),
+           "train-us-round-1": at(5.0), "aggregate-round-1": at(6.75)}
+    assert round_profile(1, start, end, t0) == {
+        "notice_s": 0.5, "validate_s": 0.9, "validate_to_train_s": 0.1, "train_task_s": 4.5,
+        "last_update_to_next_global_s": 0.75, "aggregate_task_s": 6.65}
+    assert round_profile(2, start, end, t0) == {}
