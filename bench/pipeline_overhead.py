@@ -10,8 +10,9 @@ overhead is its wall time minus the slowest site's compute (sites run in paralle
 is the time between two aggregations minus the slowest site's training task for that round.
 
 ``--fresh`` starts the Prefect server with its access log on (``PREFECT_SERVER_LOGGING_LEVEL=INFO``), so it
-also counts the API calls the job made (every caller: the flows, the workers' polls, the CLI's wait), and samples
-the idle platform's CPU after the job (every process the platform started, with their children).
+also counts the API calls the job made (every caller: the flows, the workers' polls, the CLI's wait); it adds up
+the CPU seconds each platform component used during the job (a worker's: the flow runs it started) and samples
+the idle platform's CPU after it (every process the platform started, with their children).
 """
 
 from __future__ import annotations
@@ -45,35 +46,43 @@ def api_calls(log: Path, start: int, end: int | None = None) -> Counter[str]:
     return Counter(f"{m} {ID.sub('/{id}', path)}" for m, path in ACCESS.findall(text))
 
 
-def idle_cpu(p: Platform, seconds: float) -> dict[str, Any]:
-    """Percent of one core each platform component (with its children) used over ``seconds`` of idling."""
+def cpu_seconds(p: Platform) -> dict[str, float]:
+    """CPU seconds each platform component has used so far: its process, its live descendants, and the children
+    it waited for (a worker's flow-run processes once they ended)."""
     import psutil
 
-    def tree(pid: int) -> list[psutil.Process]:
+    out = {}
+    for name, s in p.status().items():
+        if not s.get("pid"):
+            continue
         try:
-            root = psutil.Process(pid)
-            return [root, *root.children(recursive=True)]
+            root = psutil.Process(s["pid"])
+            procs = [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
-            return []
-
-    def cpu(procs: list[psutil.Process]) -> dict[int, float]:
-        out = {}
+            continue
+        total = 0.0
         for proc in procs:
             try:
                 t = proc.cpu_times()
-                out[proc.pid] = t.user + t.system + t.children_user + t.children_system
+                total += t.user + t.system + t.children_user + t.children_system
             except psutil.NoSuchProcess:
                 pass
-        return out
+        out[name] = total
+    return out
 
-    comps = {name: tree(s["pid"]) for name, s in p.status().items() if s.get("pid")}
-    before = {name: cpu(procs) for name, procs in comps.items()}
+
+def cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds per component between two :func:`cpu_seconds`, largest first."""
+    used = {name: round(after[name] - t, 1) for name, t in before.items() if name in after}
+    return dict(sorted(used.items(), key=lambda kv: -kv[1]))
+
+
+def idle_cpu(p: Platform, seconds: float) -> dict[str, Any]:
+    """Percent of one core each platform component (with its children) used over ``seconds`` of idling."""
+    before = cpu_seconds(p)
     time.sleep(seconds)
-    after = {name: cpu(procs) for name, procs in comps.items()}
-    per = {name: round(100 * sum(after[name].get(pid, t) - t for pid, t in before[name].items()) / seconds, 2)
-           for name in comps}
-    return {"seconds": seconds, "total_pct_of_one_core": round(sum(per.values()), 1),
-            "by_component": dict(sorted(per.items(), key=lambda kv: -kv[1]))}
+    per = {name: round(100 * used / seconds, 2) for name, used in cpu_used(before, cpu_seconds(p)).items()}
+    return {"seconds": seconds, "total_pct_of_one_core": round(sum(per.values()), 1), "by_component": per}
 
 
 def analyse(flow_run_id: str) -> dict[str, Any]:
@@ -95,7 +104,8 @@ def analyse(flow_run_id: str) -> dict[str, Any]:
     end = {t.name: t.end_time for t in tasks}
     out: dict[str, Any] = {"job_id": job, "wall_s": (top.end_time - top.start_time).total_seconds(),
                            "flow_run_starts": 1 + len(kids),
-                           "site_flow_runs": dict(Counter(k.name.rsplit("-", 2)[0].rsplit("-", 1)[0] for k in kids)),
+                           "site_flow_runs": dict(Counter(m.group(1) for k in kids
+                                                          if (m := re.match(r"(site-[a-z]+)-", k.name)))),
                            "phases": {}}
     compute_total = slowest_total = 0.0
     for phase, pat in (("prepare", r"^prepare-"), ("train", r"^train-"), ("evaluate", r"^evaluate-")):
@@ -169,25 +179,27 @@ def fresh(rows: int, rounds: int, idle_s: float) -> dict[str, Any]:
         os.environ["PREFECT_SERVER_LOGGING_LEVEL"] = "INFO"  # the server's access log: one line per API call
         p = Platform(Path(tmp) / "state", conf, free_ports=True)
         p.apply_env()
-        t0 = time.perf_counter()
-        p.up()
-        up_s = time.perf_counter() - t0
-        p.apply_env()
         log = p.dir / "logs" / "prefect-server.log"
         try:
+            t0 = time.perf_counter()
+            p.up()
+            up_s = time.perf_counter() - t0
+            p.apply_env()
             with prefect_at(p):
                 seed_and_deploy(p, rows)
                 time.sleep(5)
                 before = log.stat().st_size
+                cpu_before = cpu_seconds(p)
                 t0 = time.perf_counter()
                 run_id = start_demo_job(p, rounds, "overhead")
                 (run,) = wait_final([run_id], poll_s=2.0)
                 submitted_to_final = time.perf_counter() - t0
                 during = log.stat().st_size
+                job_cpu = cpu_used(cpu_before, cpu_seconds(p))
                 if not run.state.is_completed():
                     raise SystemExit(f"retrain {run.state.name}: {run.state.message}")
                 out = analyse(str(run_id))
-                time.sleep(15)  # the job's processes end and the servers settle
+                time.sleep(40)  # the job's processes end, the servers settle, the workers go idle (poll_pace)
                 quiet = log.stat().st_size
                 cpu = idle_cpu(p, idle_s)
                 idle_calls = api_calls(log, quiet)
@@ -200,6 +212,7 @@ def fresh(rows: int, rounds: int, idle_s: float) -> dict[str, Any]:
                 "prefect_api_calls_per_round": round(total / max(1, len(out["rounds"])), 1),
                 "prefect_api_top": dict(job_calls.most_common(12)),
                 "idle_prefect_api_calls_per_s": round(sum(idle_calls.values()) / idle_s, 2),
+                "job_cpu_s": {"total": round(sum(job_cpu.values()), 1), "by_component": job_cpu},
                 "idle_cpu": cpu})
     return out
 
