@@ -225,9 +225,7 @@ class Components:
                           "--nworkers", str(n), "--nthreads", "1", "--no-dashboard",
                           "--dashboard-address", "127.0.0.1:0",
                           "--memory-limit", "2GiB", "--local-directory", str(self._paths.actor_home(site) / "dask"),
-                          "--name", f"{site}-worker",
-                          # torch and the training code imported in the background as each worker starts
-                          "--preload", "insitu.warm_imports"],
+                          "--name", f"{site}-worker"],
                          # The checkout on the import path, as for the site's flows (which run from it): a
                          # user's model module kept there (examples/models.py) is importable by every rank.
                          {**self._envs.dask(site), "PYTHONPATH": str(REPO)},
