@@ -33,6 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.demo_job import prefect_at, seed_and_deploy, start_demo_job, wait_final  # noqa: E402
 from deployments.platform import REPO, Platform  # noqa: E402
+from deployments.poll_pace import ACTIVE_WINDOW_S  # noqa: E402
 
 ACCESS = re.compile(r'"(GET|POST|PUT|PATCH|DELETE) (/api/[^ ?"]*)')
 ID = re.compile(r"/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -199,7 +200,7 @@ def fresh(rows: int, rounds: int, idle_s: float) -> dict[str, Any]:
                 if not run.state.is_completed():
                     raise SystemExit(f"retrain {run.state.name}: {run.state.message}")
                 out = analyse(str(run_id))
-                time.sleep(40)  # the job's processes end, the servers settle, the workers go idle (poll_pace)
+                time.sleep(ACTIVE_WINDOW_S + 10)  # the job's processes end; the workers' pace turns idle
                 quiet = log.stat().st_size
                 cpu = idle_cpu(p, idle_s)
                 idle_calls = api_calls(log, quiet)
