@@ -12,13 +12,14 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
+from uuid import UUID
 
 import mlflow
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
 from flows.forms import RetrainParams
-from insitu.conf import TrainingConfig, load_alerts, load_training, trusted_training
+from insitu.conf import TrainingConfig, load_alerts, trusted_training
 from insitu.federated.aggregators import build_aggregator
 from insitu.federated.asynchronous import update_limit
 from insitu.federated.coordinator import RoundsOutcome, run_rounds
@@ -32,11 +33,9 @@ from insitu.federated.quorum import quorum_refusal
 from insitu.federated.site_rounds import site_wait_timeout_s
 from insitu.federated.validation import RoundValidation, Selection
 from insitu.gate import Promotion
-from insitu.governance import job_request as request_rule
-from insitu.governance.approvals import approvals_dir, find_approval
 from insitu.governance.audit_service import Auditor
 from insitu.governance.identity import Identity
-from insitu.governance.request import RequestError, SignedRequest, parse_signed, training_sha256
+from insitu.governance.request import SignedRequest
 from insitu.job import JobSpec, load_job
 from insitu.storage import store_from_env
 from insitu.summary import collect_identities, job_summary, summary_markdown, withheld_by_floor
@@ -44,12 +43,22 @@ from tasks.alerts import RunWatch
 from tasks.anchoring import countersign
 from tasks.claims import judge_evaluations
 from tasks.context import actor_identity, ran_as
-from tasks.dispatch import explained, failed, leave_out_late, run_states, start_site_runs, wait_for_runs
+from tasks.dispatch import (
+    aborted_on_failure,
+    dispatch_phase,
+    explained,
+    failed,
+    leave_out_late,
+    run_states,
+    start_site_runs,
+    wait_for_runs,
+)
 from tasks.evaluate import read_evaluations
 from tasks.federation import FederatedRounds, publish_global_stats, publish_initial_weights
 from tasks.federation_async import run_async
 from tasks.figures import log_figures
 from tasks.job_lease import one_run_per_job, stop_earlier_site_runs
+from tasks.job_request import job_request
 from tasks.mlflow_runs import (
     finish_runs,
     log_async_version,
@@ -127,8 +136,9 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
         mlruns = start_runs(job.conf, job.job_id, sites, job.flow_run_id)
         # System metrics (CPU, memory) of the coordinator are recorded on the parent run while it is active.
         with mlflow.start_run(run_id=mlruns["parent"], log_system_metrics=True):
-            outcome = train(job, sites, mlruns)
-            evaluated = evaluate(job, sites, outcome, stats["norm"]["features"])
+            outcome, train_runs = train(job, sites, mlruns)
+            with aborted_on_failure(job.exchange, "evaluate"):  # the sites' train runs wait for their evaluation
+                evaluated = evaluate(job, sites, outcome, stats["norm"]["features"], train_runs)
             registration = register(job, mlruns, outcome, evaluated, stats["norm"], sites)
         promotion = gate_and_promote(job.conf, job.job_id, registration.version, evaluated.global_metrics,
                                      evaluated.for_gate(evaluated.site_metrics), evaluated.champion,
@@ -147,7 +157,7 @@ def open_job(params: RetrainParams) -> Job:
     conf = load_job(trusted_training(params.training), params.dataset, overrides=overrides or None)
     identity, flow_run_id = actor_identity("coordinator", job_id)
     audit = identity.audit()
-    signed = job_request(params, job_id, overrides, audit, flow_run_id)
+    signed = job_request(params.request, params.training, params.dataset, job_id, overrides, audit, flow_run_id)
     exchange = Exchange(store_from_env(conf.sites.exchange, "exchange"), job_id, writer=COORDINATOR)
     return Job(params, job_id, started, overrides, conf, identity, flow_run_id, audit, signed, exchange)
 
@@ -209,9 +219,10 @@ def prepare(job: Job, plan: dict[str, list[str]]) -> list[str]:
     return sites
 
 
-def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> RoundsOutcome:
+def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> tuple[RoundsOutcome, dict[str, UUID]]:
     """One long-lived ``site-train`` run per site; the rounds (insitu.federated.coordinator.run_rounds) exchange
-    through the exchange; each round logged to MLflow and the progress artifact; the selected round audited."""
+    through the exchange; each round logged to MLflow and the progress artifact; the selected round audited.
+    Returns the outcome and the site runs, which go on to evaluate the job (:func:`evaluate`)."""
     logger, training, exchange = get_run_logger(), job.training, job.exchange
     progress = create_progress_artifact(progress=0.0, key="retrain-progress",
                                         description=f"federated rounds of job {job.job_id}")
@@ -274,8 +285,7 @@ def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> RoundsOutcome:
         if error is not e:
             raise error from e
         raise
-    for site, why in failed(wait_for_runs(run_ids, job.params.phase_timeout_s, on_poll=job.watch.on("train"))).items():
-        logger.warning("site-train on %s did not complete: %s", site, why)
+    job.watch.check("train", run_states(run_ids))  # a run that ended during the rounds: forced, or cancelled?
     if "updates_done" in marks:
         wall = marks["updates_done"] - marks["start"]
         log_phase_time(mlruns["parent"], "updates_wall_s", wall)
@@ -283,12 +293,14 @@ def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> RoundsOutcome:
     logger.info("registering global model %d of %d: %s", outcome.selected, outcome.last, outcome.reason)
     job.audit.append("job.selected", job_id=job.job_id, flow_run_id=job.flow_run_id, round=outcome.selected,
                      last=outcome.last, reason=outcome.reason, stopped_early=outcome.stopped_early)
-    return outcome
+    return outcome, run_ids
 
 
-def evaluate(job: Job, sites: list[str], outcome: RoundsOutcome, features: list[str]) -> Evaluated:
-    """Every site scores the selected model and the current champion on its own test split; the learning task
-    combines the sites' metrics."""
+def evaluate(job: Job, sites: list[str], outcome: RoundsOutcome, features: list[str],
+             train_runs: dict[str, UUID]) -> Evaluated:
+    """Every site scores the selected model and the current champion on its own test split, in its ``site-train``
+    run when that is still going (else in a ``site-evaluate`` run); the learning task combines the sites'
+    metrics."""
     training, exchange = job.training, job.exchange
     champion = load_champion(job.conf, features)
     final = global_weights(outcome.selected).name  # as the sites' evaluations name it
@@ -296,8 +308,8 @@ def evaluate(job: Job, sites: list[str], outcome: RoundsOutcome, features: list[
     if champion:
         exchange.put_state(CHAMPION, champion.state, version=champion.version)
         names.append(CHAMPION.name)
-    run_ids = start_site_runs("site-evaluate", {site: {**job.common, "weights": names} for site in sites},
-                              job.pools, job.exchange)
+    run_ids = dispatch_phase("site-evaluate", {site: {**job.common, "weights": names} for site in sites}, train_runs,
+                             job.pools, job.exchange)
     failures = failed(wait_for_runs(run_ids, job.params.phase_timeout_s, on_poll=job.watch.on("evaluate")))
     evaluated_sites = [site for site in sites if site not in failures]
     require_quorum(job, "evaluate", evaluated_sites, failures)
@@ -364,23 +376,6 @@ def finish(job: Job, mlruns: dict[str, str], registration: Registration, promoti
                 registration.version, registration.alias, primary, evaluated.global_metrics.get(primary, float("nan")),
                 promotion.reason)
     return summary
-
-
-def job_request(params: RetrainParams, job_id: str, overrides: dict[str, Any], audit: Auditor,
-                flow_run_id: str | None) -> SignedRequest:
-    """The signed request this job runs under: the one passed in, else the standing approval, if it covers this
-    run (:func:`insitu.governance.job_request.job_request`); a refusal is audited before it is raised."""
-    try:
-        if params.request:
-            given = parse_signed(params.request)
-        else:
-            given = find_approval(approvals_dir(), params.training, params.dataset)
-        digest = training_sha256(load_training(trusted_training(params.training)))
-        return request_rule.job_request(given, job_id=job_id, training=params.training, dataset=params.dataset,
-                                        training_hash=digest, overrides=overrides)
-    except RequestError as e:
-        audit.append("job.refused", job_id=job_id, flow_run_id=flow_run_id, rule=request_rule.RULE, reason=str(e))
-        raise
 
 
 def require_quorum(job: Job, phase: str, succeeded: list[str], failures: dict[str, str]) -> None:

@@ -1,8 +1,11 @@
-"""``site-train``: runs on a site's own pool, once per job; every federated round is a task inside it.
+"""``site-train``: runs on a site's own pool, once per job; every federated round is a task inside it, and so is
+the site's evaluation of the job, once the coordinator dispatches it to this run.
 
 The round protocol (what to wait for, when to validate, train, skip or stop) is the core's:
 :func:`insitu.federated.site_rounds.run_site_rounds` and, in async mode,
-:func:`insitu.federated.asynchronous.site.run_site_updates`. This flow hands them the site's tasks.
+:func:`insitu.federated.asynchronous.site.run_site_updates`. This flow hands them the site's tasks. Evaluating in
+the same run spares each site a second flow run (its process start, imports and checks) per job; the evaluation
+is admitted as a run of its own would be (:func:`tasks.site_evaluation.evaluate_when_dispatched`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from insitu.federated.site_rounds import run_site_rounds
 from tasks.anchoring import anchor_site
 from tasks.context import site_context
 from tasks.evaluate import validator
+from tasks.site_evaluation import evaluate_when_dispatched
 from tasks.train import train_async_update, train_round
 
 
@@ -31,7 +35,8 @@ def site_train(
     request: dict[str, Any] | None = None,
     wait_timeout_s: float = 900.0,
 ) -> dict[str, Any]:
-    """Every round of the job: wait for the global weights, train locally, publish the update."""
+    """Every round of the job: wait for the global weights, train locally, publish the update; then score the
+    models the coordinator dispatches for the job's evaluation."""
     logger = get_run_logger()
     context = site_context(job_id, training, dataset, overrides, request, "train", {"wait_timeout_s": wait_timeout_s})
     training_config = context.conf.training
@@ -44,9 +49,11 @@ def site_train(
             context.exchange, limit, train=lambda seq, version: train_async_update(context, seq, version, global_stats),
             validate=validate, wait_timeout_s=wait_timeout_s, logger=logger)
         anchor_site(context.audit, context.exchange.store, context.site, job_id, "train")
-        return {"site": context.site, "updates": pushed}
+        evaluated = evaluate_when_dispatched(context, wait_timeout_s)
+        return {"site": context.site, "updates": pushed, "evaluated": evaluated is not None}
     trained = run_site_rounds(
         context.exchange, training_config.rounds, train=lambda rnd: train_round(context, rnd, global_stats),
         validate=validate, wait_timeout_s=wait_timeout_s, logger=logger)
     anchor_site(context.audit, context.exchange.store, context.site, job_id, "train")
-    return {"site": context.site, "rounds": trained}
+    evaluated = evaluate_when_dispatched(context, wait_timeout_s)
+    return {"site": context.site, "rounds": trained, "evaluated": evaluated is not None}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prefect import get_run_logger
@@ -45,6 +45,9 @@ class SiteContext:
     ran_as: dict[str, str]
     decision: Decision
     policy: SitePolicy
+    identity: Identity  # from the worker's own identity file
+    parsed: Conf  # the job's configuration as this site parsed it (what its policy decides on)
+    received: dict[str, Any]  # the run's job parameters as received: job_id, dataset, training, overrides, request
 
     @property
     def principal(self) -> str:
@@ -175,8 +178,9 @@ def site_context(job_id: str, training: str, dataset: str, overrides: dict[str, 
     decision, policy = admit(ident, action, job_id, training, dataset, overrides, request, parsed, store, fr_id)
     exchange = Exchange(store_from_env(parsed.sites.exchange, "exchange"), job_id, writer=site)
     received = {"job_id": job_id, "dataset": dataset, "training": training, "overrides": overrides,
-                "request": request, **(phase_parameters or {})}
-    bind_to_dispatch(ident.audit(), exchange, store, site, action, fr_id, received, decision.principal)
+                "request": request}
+    bind_to_dispatch(ident.audit(), exchange, store, site, action, fr_id, {**received, **(phase_parameters or {})},
+                     decision.principal)
     conf = resolve(parsed)  # admitted: now every component the configuration names is resolved
     logger.info("site=%s pool=%s flow_run=%s: %s", site, ident.work_pool, fr_id, decision.reason)
     return SiteContext(
@@ -189,7 +193,32 @@ def site_context(job_id: str, training: str, dataset: str, overrides: dict[str, 
         ran_as=ran_as(ident),
         decision=decision,
         policy=policy,
+        identity=ident,
+        parsed=parsed,
+        received=received,
     )
+
+
+def admit_next_phase(context: SiteContext, action: Action, phase_parameters: dict[str, Any]) -> SiteContext:
+    """Admit the job's next phase in this same run (a ``site-train`` run that goes on to evaluate), as a run
+    started for that phase would be admitted: the site's own policy decides the signed request for ``action``
+    (audited either way), and the coordinator's dispatch of the phase must name this run with these parameters,
+    admitted once (:mod:`insitu.governance.dispatch`). Returns the context under the new decision.
+
+    Raises
+    ------
+    PolicyRefused, DispatchRefused
+        Audited in the site's own log first, as :func:`site_context` does.
+    """
+    p, ident = context.received, context.identity
+    decision, policy = admit(ident, action, p["job_id"], p["training"], p["dataset"], p["overrides"], p["request"],
+                             context.parsed, context.store, context.flow_run_id)
+    bind_to_dispatch(ident.audit(), context.exchange, context.store, context.site, action, context.flow_run_id,
+                     {**p, **phase_parameters}, decision.principal)
+    get_run_logger().info("site=%s pool=%s flow_run=%s goes on to %s: %s", context.site, ident.work_pool,
+                          context.flow_run_id, action, decision.reason)
+    return replace(context, audit=ident.audit().with_fields(principal=decision.principal), decision=decision,
+                   policy=policy)
 
 
 

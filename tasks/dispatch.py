@@ -7,7 +7,8 @@ run id and parameters (:mod:`insitu.governance.dispatch`): a site admits only a 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 from uuid import UUID
 
@@ -30,6 +31,8 @@ def start_site_runs(flow_name: str, params: dict[str, dict[str, Any]], pools: di
     Each deployment must still be on the pool ``conf/sites.yaml`` gives its site (``pools``): anyone with
     the API's credential can move a deployment, and a site's work must not be sent to another site.
     """
+    if not params:
+        return {}
     logger = get_run_logger()
     ids: dict[str, UUID] = {}
     deployments: dict[str, UUID] = {}
@@ -53,6 +56,43 @@ def start_site_runs(flow_name: str, params: dict[str, dict[str, Any]], pools: di
             exchange.put_json(dispatch(phase, site), dispatch_record(site, phase, str(fr.id), p))
         logger.info("started %s/%s as flow run %s", flow_name, site, fr.id)
     return ids
+
+
+def continue_site_runs(phase: str, params: dict[str, dict[str, Any]], runs: dict[str, UUID],
+                       exchange: Exchange) -> dict[str, UUID]:
+    """Dispatch ``phase`` to each site's run that is still going (``runs``: a ``site-train`` run past its rounds),
+    with ``params`` as a run started for the phase would get them: the run admits the phase as that run would
+    (:func:`tasks.site_evaluation.evaluate_when_dispatched`). Returns ``runs``."""
+    logger = get_run_logger()
+    for site, p in params.items():
+        exchange.put_json(dispatch(phase, site), dispatch_record(site, phase, str(runs[site]), p))
+        logger.info("dispatched %s to %s's running flow run %s", phase, site, runs[site])
+    return {site: runs[site] for site in params}
+
+
+def dispatch_phase(flow_name: str, params: dict[str, dict[str, Any]], runs: dict[str, UUID], pools: dict[str, str],
+                   exchange: Exchange) -> dict[str, UUID]:
+    """Each site's run of the next phase (``site-<phase>``): its run of the job that is still going (``runs``),
+    dispatched the phase (:func:`continue_site_runs`), else a new run of ``flow_name`` (:func:`start_site_runs`)."""
+    states = run_states({site: runs[site] for site in params if site in runs})
+    going = [site for site, run in states.items() if not (run.state and run.state.is_final())]
+    phase = flow_name.removeprefix("site-")
+    return {**continue_site_runs(phase, {site: params[site] for site in going}, runs, exchange),
+            **start_site_runs(flow_name, {s: p for s, p in params.items() if s not in going}, pools, exchange)}
+
+
+@contextmanager
+def aborted_on_failure(exchange: Exchange, phase: str) -> Iterator[None]:
+    """The job's abort marker when ``phase`` fails: site runs that wait to be dispatched their next phase (a train
+    run waiting to evaluate) stop waiting at once instead of holding their site's worker until they time out."""
+    try:
+        yield
+    except Exception as e:
+        try:
+            exchange.put_abort(f"{phase}: {type(e).__name__}: {e}")
+        except Exception as marker_error:  # the job's own error is what the operator must see
+            get_run_logger().warning("could not write the abort marker: %s", marker_error)
+        raise
 
 
 def run_states(ids: dict[str, UUID]) -> dict[str, FlowRun]:

@@ -171,7 +171,7 @@ def look(client: Any, flow_run_id: Any, job_id: str, ex: Any) -> tuple[Any, JobP
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
     from insitu.federated.kinds import COORDINATOR
-    from insitu.federated.paths import MANIFEST_SUFFIX, SUMMARY, Kind
+    from insitu.federated.paths import EVALUATION, MANIFEST_SUFFIX, SUMMARY, Kind
 
     run = client.read_flow_run(flow_run_id)
     kids = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=job_id)))
@@ -182,6 +182,7 @@ def look(client: Any, flow_run_id: Any, job_id: str, ex: Any) -> tuple[Any, JobP
         state=str(run.state_name),
         prepared=sum(1 for n in done if n.startswith("site-prepare")),
         rounds_done=max(0, len(manifests) - 1),  # the first global model is the initial one
-        evaluated=sum(1 for n in done if n.startswith("site-evaluate")),
+        # A site evaluates in its train run: its published evaluation is what counts.
+        evaluated=sum(1 for x in ex.list(Kind.METRICS) if x.endswith(f"/{EVALUATION.name}")),
         registered=ex.exists(SUMMARY, writer=COORDINATOR),
     )

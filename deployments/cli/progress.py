@@ -23,7 +23,7 @@ class JobProgress:
     state: str  # the retrain flow run's state name (Pending, Running, …)
     prepared: int  # sites whose site-prepare completed
     rounds_done: int  # global models the coordinator published after the initial one
-    evaluated: int  # sites whose site-evaluate completed
+    evaluated: int  # sites that published their evaluation
     registered: bool  # the coordinator wrote the job's summary
 
 

@@ -11,11 +11,14 @@ validation this site already published is not made again.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
+from typing import Any
 
 from insitu.federated.exchange import Exchange
-from insitu.federated.kinds import COORDINATOR
-from insitu.federated.paths import ABORT, STOP, global_weights, update, validation
+from insitu.federated.kinds import COORDINATOR, ExchangeError
+from insitu.federated.paths import ABORT, STOP, dispatch, global_weights, update, validation
+from insitu.federated.polling import backoff
 
 log = logging.getLogger(__name__)
 
@@ -82,3 +85,36 @@ def run_site_rounds(
             train(rnd)
         done += 1
     return done
+
+
+def wait_for_dispatch(exchange: Exchange, phase: str, flow_run_id: str | None, timeout_s: float,
+                      poll_s: float = 0.5) -> dict[str, Any] | None:
+    """The coordinator's dispatch of ``phase`` on this site once it names this very flow run: a site run that
+    finished its rounds goes on to the job's next phase in the same process (no new flow run, no second start of
+    its imports), when and only when the coordinator says so. The caller still admits the phase (the site's
+    policy, the dispatch's parameters, once) as a run started for it would be.
+
+    Returns None when the coordinator wrote the abort marker instead (the job failed). A dispatch that names
+    another run (an earlier attempt's, or a run the coordinator started for this phase instead) is waited past.
+
+    Raises
+    ------
+    TimeoutError
+        When neither came within ``timeout_s``.
+    """
+    if flow_run_id is None:
+        raise TimeoutError(f"site {exchange.writer}: outside a flow run no coordinator dispatches {phase} to it")
+    doc, deadline, pause = dispatch(phase, exchange.writer), time.monotonic() + timeout_s, backoff(poll_s)
+    while True:
+        if exchange.exists(ABORT, writer=COORDINATOR):
+            return None
+        try:
+            record = exchange.get_json(doc, writer=COORDINATOR) if exchange.exists(doc, writer=COORDINATOR) else None
+        except ExchangeError:  # a malformed record dispatches nothing: wait for the coordinator's next one
+            record = None
+        if record is not None and record.get("flow_run_id") == flow_run_id:
+            return record
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"site {exchange.writer}: the coordinator did not dispatch {phase} of job "
+                               f"{exchange.job_id} to flow run {flow_run_id} within {timeout_s:.0f}s")
+        time.sleep(min(next(pause), max(0.0, deadline - time.monotonic())))

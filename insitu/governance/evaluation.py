@@ -6,8 +6,9 @@ round's validation, so the round's model came out of this job's training), or th
 validation rows. The first round it scores is bound to the job in the site's own store; any other round is
 refused afterwards.
 
-The ``site-evaluate`` flow gathers the facts (the rounds this site validated, the model the job is bound to),
-asks :func:`evaluation_refusal`, binds the job on its first evaluation, and audits a refusal.
+A site's evaluation (``tasks/site_evaluation.py``: in its ``site-train`` run, or in a ``site-evaluate`` run) gathers
+the facts (the rounds this site validated, the model the job is bound to), asks :func:`evaluation_refusal`, binds
+the job on its first evaluation, and audits a refusal.
 """
 
 from __future__ import annotations

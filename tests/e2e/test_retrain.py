@@ -58,7 +58,9 @@ def test_retrain_completes(job: dict[str, Any]) -> None:
 
 def test_site_runs_ran_on_their_own_site_workers(deployed: Platform, job: dict[str, Any]) -> None:
     by_name = {r.name: r for r in flow_runs_named(job["job_id"])}
-    for flow in ("site-prepare", "site-train", "site-evaluate"):
+    # Each site evaluates in its train run: no third flow run per site (its start and imports) per job.
+    assert not [n for n in by_name if n.startswith("site-evaluate")], sorted(by_name)
+    for flow in ("site-prepare", "site-train"):
         for site in ("eu", "us", "apac"):
             r = by_name[f"{flow}-{site}-{job['job_id']}"]
             assert r.state.is_completed(), (r.name, r.state.message)
@@ -68,6 +70,11 @@ def test_site_runs_ran_on_their_own_site_workers(deployed: Platform, job: dict[s
             # the site's own identity, and its own policy's decision on the request the job carried
             assert any(f"site={site} pool=insitu-{site}" in m and f"site '{site}' admits" in m
                        and "for 'alice'" in m for m in logs), logs
+            if flow == "site-train":  # the evaluation, admitted in the same run as a run of its own would be
+                assert any(f"goes on to evaluate: site '{site}' admits" in m for m in logs), logs
+                (admitted,) = [e for e in job_events(deployed, site, job["job_id"], "policy.decision")
+                               if e["fields"].get("action") == "evaluate"]
+                assert admitted["fields"]["flow_run_id"] == str(r.id)
 
 
 def test_model_registered_with_challenger_alias_and_metrics(deployed: Platform, job: dict[str, Any]) -> None:

@@ -118,3 +118,42 @@ def test_no_global_model_in_time_is_a_timeout_naming_the_round(exchanges: Exchan
 def test_sites_wait_longer_than_the_coordinator_gives_a_round() -> None:
     assert site_wait_timeout_s(60.0) == 420.0
     assert site_wait_timeout_s(600.0) > 600.0
+
+
+# --------------------------------------------------------------------------- going on to the next phase
+THIS_RUN, EARLIER_RUN = "0b6f3c1e-7a1d-4c55-9d2e-3f1a2b3c4d5e", "9e8d7c6b-5a49-4837-a261-504f3e2d1c0b"
+
+
+def _dispatch_evaluate(exchanges: Exchanges, flow_run_id: str) -> None:
+    from in_memory_exchange import SITE
+
+    from insitu.federated.paths import dispatch
+    from insitu.governance.dispatch import dispatch_record
+
+    params = {"job_id": exchanges.site.job_id, "dataset": "fraud", "training": "fraud", "weights": ["round-0003"]}
+    exchanges.coordinator.put_json(dispatch("evaluate", SITE), dispatch_record(SITE, "evaluate", flow_run_id, params))
+
+
+def test_a_run_goes_on_to_the_next_phase_only_when_the_coordinator_names_it(exchanges: Exchanges) -> None:
+    import threading
+
+    from insitu.federated.site_rounds import wait_for_dispatch
+
+    _dispatch_evaluate(exchanges, EARLIER_RUN)  # a resumed job: the earlier attempt's record
+    threading.Timer(0.3, _dispatch_evaluate, (exchanges, THIS_RUN)).start()
+    record = wait_for_dispatch(exchanges.site, "evaluate", THIS_RUN, timeout_s=5)
+    assert record is not None and record["flow_run_id"] == THIS_RUN
+    assert record["parameters"]["weights"] == ["round-0003"]
+
+
+def test_a_run_dispatched_nothing_times_out_naming_the_phase_and_an_aborted_job_ends_the_wait(
+        exchanges: Exchanges) -> None:
+    from insitu.federated.site_rounds import wait_for_dispatch
+
+    _dispatch_evaluate(exchanges, EARLIER_RUN)
+    with pytest.raises(TimeoutError, match=f"did not dispatch evaluate .* to flow run {THIS_RUN}"):
+        wait_for_dispatch(exchanges.site, "evaluate", THIS_RUN, timeout_s=0.3)
+    with pytest.raises(TimeoutError, match="outside a flow run"):
+        wait_for_dispatch(exchanges.site, "evaluate", None, timeout_s=5)
+    exchanges.coordinator.put_abort("QuorumError: round 2: quorum not met")
+    assert wait_for_dispatch(exchanges.site, "evaluate", THIS_RUN, timeout_s=5) is None
