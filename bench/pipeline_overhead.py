@@ -109,14 +109,16 @@ def analyse(flow_run_id: str) -> dict[str, Any]:
                                                           if (m := re.match(r"(site-[a-z]+)-", k.name)))),
                            "phases": {}}
     compute_total = slowest_total = 0.0
-    for phase, pat in (("prepare", r"^prepare-"), ("train", r"^train-"), ("evaluate", r"^evaluate-")):
-        runs = [k for k in kids if k.name.startswith(f"site-{phase}")]
-        first = min((start[n] for n in dur if re.match(pat, n) and start[n]), default=None)
+    # A site's one run does every phase: each phase runs from the previous one's end (the first: the first site
+    # run's creation) to the end of its last task (the train phase's: the last round's aggregation).
+    phase_start = min((k.created for k in kids), default=top.start_time)
+    ends: dict[str, Any] = {}
+    phases = (("prepare", r"^prepare-"), ("train", r"^(train-|aggregate-round-)"), ("evaluate", r"^evaluate-"))
+    for phase, pat in phases:
         last = max((end[n] for n in dur if re.match(pat, n) and end[n]), default=None)
-        if runs:  # a flow run per site for the phase: from the first run created to the last one ended
-            wall = (max(k.end_time for k in runs) - min(k.created for k in runs)).total_seconds()
-        else:  # the phase inside a longer site run: from its first task's start to its last task's end
-            wall = (last - first).total_seconds() if first and last else 0.0
+        wall = (last - phase_start).total_seconds() if last else 0.0
+        ends[phase] = phase_start = last or phase_start
+        pat = pat.replace("|aggregate-round-", "")  # a site's own compute
         per_site: dict[str, float] = {}
         for name, d in dur.items():
             if re.match(pat, name):
@@ -130,8 +132,7 @@ def analyse(flow_run_id: str) -> dict[str, Any]:
     out["slowest_site_compute_s"] = round(slowest_total, 2)
     out["target_wall_s"] = round(1.3 * slowest_total + 20, 1)  # issue #22: 1.3 x the slowest site's compute + 20 s
     rounds = sorted(int(m.group(1)) for n in dur if (m := re.match(r"aggregate-round-(\d+)", n)))
-    site_train = [k for k in kids if k.name.startswith("site-train")]
-    prev = min(k.created for k in site_train) if site_train else start.get("aggregate-round-0")
+    prev = ends["prepare"]  # round 0 starts once the last site prepared (dispatch, the first global model)
     per_round = []
     for r in rounds:
         agg_end = end[f"aggregate-round-{r}"]

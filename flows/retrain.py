@@ -52,6 +52,7 @@ from tasks.dispatch import (
     run_states,
     start_site_runs,
     wait_for_runs,
+    wait_until_published,
 )
 from tasks.evaluate import read_evaluations
 from tasks.federation import FederatedRounds, publish_global_stats, publish_initial_weights
@@ -130,16 +131,16 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
     with one_run_per_job(job.job_id, job.flow_run_id, job.audit):  # a second run of the job is refused at once
         stop_earlier_site_runs(job.job_id, job.flow_run_id, job.audit)  # an earlier run that died left them going
         plan = plan_job(job)
-        sites = prepare(job, plan)
-        stats = publish_global_stats(job.exchange, job.conf, sites)
-        publish_initial_weights(job.exchange, job.conf, stats["norm"])
-        mlruns = start_runs(job.conf, job.job_id, sites, job.flow_run_id)
-        # System metrics (CPU, memory) of the coordinator are recorded on the parent run while it is active.
-        with mlflow.start_run(run_id=mlruns["parent"], log_system_metrics=True):
-            outcome, train_runs = train(job, sites, mlruns)
-            with aborted_on_failure(job.exchange, "evaluate"):  # the sites' train runs wait for their evaluation
+        with aborted_on_failure(job.exchange):  # a site's run waiting to be dispatched its next phase stops at once
+            sites, prepare_runs = prepare(job, plan)
+            stats = publish_global_stats(job.exchange, job.conf, sites)
+            publish_initial_weights(job.exchange, job.conf, stats["norm"])
+            mlruns = start_runs(job.conf, job.job_id, sites, job.flow_run_id)
+            # System metrics (CPU, memory) of the coordinator are recorded on the parent run while it is active.
+            with mlflow.start_run(run_id=mlruns["parent"], log_system_metrics=True):
+                outcome, train_runs = train(job, sites, mlruns, prepare_runs)
                 evaluated = evaluate(job, sites, outcome, stats["norm"]["features"], train_runs)
-            registration = register(job, mlruns, outcome, evaluated, stats["norm"], sites)
+                registration = register(job, mlruns, outcome, evaluated, stats["norm"], sites)
         promotion = gate_and_promote(job.conf, job.job_id, registration.version, evaluated.global_metrics,
                                      evaluated.for_gate(evaluated.site_metrics), evaluated.champion,
                                      evaluated.champion_global, evaluated.for_gate(evaluated.champion_sites))
@@ -194,32 +195,38 @@ def plan_job(job: Job) -> dict[str, list[str]]:
     return plan
 
 
-def prepare(job: Job, plan: dict[str, list[str]]) -> list[str]:
+def prepare(job: Job, plan: dict[str, list[str]]) -> tuple[list[str], dict[str, UUID]]:
     """``site-prepare`` on every site's pool in parallel (or the job's earlier preparation); the sites that
-    prepared, at least the quorum."""
+    prepared, at least the quorum, and their runs (which go on to train when :func:`train` dispatches it)."""
     reused = sites_prepared_before(job.exchange.exists(GLOBAL_STATS),
                                    {site: job.exchange.exists(PREPARE_STATS, writer=site) for site in plan})
     if reused is not None:
         get_run_logger().info("job %s was prepared before on %s; reusing that preparation", job.job_id, reused)
-        return reused
+        return reused, {}
+    job.exchange.delete(ABORT)  # a re-run of an aborted job starts clean
     # No shards: each site reads every shard its own datasets.yaml pins to it for the signed dataset.
-    run_ids = start_site_runs("site-prepare", {site: dict(job.common) for site in plan}, job.pools, job.exchange)
+    run_ids = start_site_runs("site-prepare", {site: dict(job.common) for site in plan}, job.pools, job.exchange,
+                              goes_on=True)  # each site's one run of the job: it trains and evaluates too
     # A shard that stalls a site's preparation must not stall the job: past the deadline the site is left out.
     deadline = min(job.params.phase_timeout_s, job.training.federation.prepare_deadline_s)
-    runs = wait_for_runs(run_ids, deadline, on_poll=job.watch.on("prepare"))
-    late = missed_deadline({s: bool(r.state and r.state.is_final()) for s, r in runs.items()}, deadline, "prepare",
-                           "federation.prepare_deadline_s")
+    # A site whose run published its preparation is done with it: the run waits, still going, for its training.
+    runs, prepared = wait_until_published(run_ids, job.exchange, PREPARE_STATS, deadline, job.watch.on("prepare"))
+    late = missed_deadline({s: s in prepared or bool(r.state and r.state.is_final()) for s, r in runs.items()},
+                           deadline, "prepare", "federation.prepare_deadline_s")
     job.watch.excuse(run_ids[site] for site in late)  # cancelled by the coordinator, not forced by someone else
-    failures = leave_out_late(run_ids, runs, late)
+    failures = leave_out_late(run_ids, {s: r for s, r in runs.items() if s not in prepared}, late)
+    failures.update({s: "its run ended without publishing its preparation" for s in plan
+                     if s not in prepared and s not in failures})
     sites = [site for site in plan if site not in failures]
     require_quorum(job, "prepare", sites, failures)
     if failures:
         get_run_logger().warning("prepare: going on without %s", failures)
         job.audit.append("job.sites_left_out", job_id=job.job_id, phase="prepare", failed_sites=failures)
-    return sites
+    return sites, {site: run_ids[site] for site in sites}
 
 
-def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> tuple[RoundsOutcome, dict[str, UUID]]:
+def train(job: Job, sites: list[str], mlruns: dict[str, str],
+          prepare_runs: dict[str, UUID]) -> tuple[RoundsOutcome, dict[str, UUID]]:
     """One long-lived ``site-train`` run per site; the rounds (insitu.federated.coordinator.run_rounds) exchange
     through the exchange; each round logged to MLflow and the progress artifact; the selected round audited.
     Returns the outcome and the site runs, which go on to evaluate the job (:func:`evaluate`)."""
@@ -231,8 +238,9 @@ def train(job: Job, sites: list[str], mlruns: dict[str, str]) -> tuple[RoundsOut
     # which is what sync and async mode are compared by (bench/async_vs_sync.py, tests/e2e/test_async.py).
     marks = {"start": time.monotonic()}
     wait_s = site_wait_timeout_s(training.federation.round_deadline_s)
-    run_ids = start_site_runs("site-train", {site: {**job.common, "wait_timeout_s": wait_s} for site in sites},
-                              job.pools, job.exchange)
+    # In each site's prepare run where it is still going (one flow run per site per job), else in a new run.
+    run_ids = dispatch_phase("site-train", {site: {**job.common, "wait_timeout_s": wait_s} for site in sites},
+                             prepare_runs, job.pools, job.exchange, goes_on=True)
 
     def alive(site: str) -> bool:
         state = run_states({site: run_ids[site]})[site].state

@@ -1,5 +1,9 @@
 """``site-prepare``: runs on a site's own pool; prepares that site's shards on its Dask cluster.
 
+Once its preparation is published the run goes on to train and evaluate the job when the coordinator dispatches
+those phases to it (:func:`tasks.site_training.train_when_dispatched`): one flow run per site per job, so a site
+pays one process start, one set of imports and one worker pick-up per job, not three.
+
 The site trusts nothing in the run's parameters: its identity comes from its worker's own identity file,
 the signed ``request`` is admitted only by the site's own policy, the run must be the one the coordinator
 dispatched (``insitu.governance.dispatch``), and the shards it reads are every shard its own datasets.yaml pins to
@@ -17,6 +21,7 @@ from insitu.governance.residency import site_shards
 from tasks.anchoring import anchor_site
 from tasks.context import site_context
 from tasks.prepare import prepare_shards
+from tasks.site_training import train_when_dispatched
 
 
 @flow(name="site-prepare", log_prints=False)
@@ -28,7 +33,8 @@ def site_prepare(
     overrides: dict[str, Any] | None = None,
     request: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Validate, quarantine, featurize and split this site's shards on its Dask cluster.
+    """Validate, quarantine, featurize and split this site's shards on its Dask cluster; then train and evaluate
+    when the coordinator dispatches those phases to this run.
 
     Publishes only aggregate statistics (counts, sums, sums of squares) to the exchange.
     """
@@ -44,4 +50,5 @@ def site_prepare(
     logger.info("site=%s prepared %d rows, quarantined %d, unreadable shards %s", context.site,
                 summary["rows_prepared"], summary["rows_quarantined"], summary["shards_unreadable"])
     anchor_site(context.audit, context.exchange.store, context.site, job_id, "prepare")
-    return {k: summary[k] for k in ("rows_prepared", "rows_quarantined", "shards_unreadable")}
+    prepared = {k: summary[k] for k in ("rows_prepared", "rows_quarantined", "shards_unreadable")}
+    return {**prepared, "trained": train_when_dispatched(context)}

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
@@ -22,13 +21,11 @@ from insitu.federated.paths import EVALUATION, PREPARE_STATS, update
 from insitu.federated.round_alerts import GATE_REFUSED, dropped, slow
 from insitu.governance.audit_service import Auditor
 from insitu.governance.run_alerts import Alert, pool_alert, run_alert
+from tasks.dispatch import published_by
 
 log = logging.getLogger(__name__)
 
 PUBLISHED = {"prepare": PREPARE_STATS, "evaluate": EVALUATION}  # what a site's run of a phase publishes last
-# Prefect's clock and the store's may differ a little; a result written this close before the run's start counts
-# as the run's own (a run takes longer than this to reach its publish).
-CLOCK_SLACK = timedelta(seconds=2)
 
 
 class RunWatch:
@@ -130,10 +127,7 @@ class RunWatch:
         """Whether ``run`` itself published the phase's result: written since the run started (a re-run of the
         job by its id finds its earlier run's result there, and may still fail on its own)."""
         doc = PUBLISHED.get(phase)
-        if doc is None or self.exchange is None or run.start_time is None:
-            return False
-        written = self.exchange.modified(doc, writer=site)
-        return written is not None and written >= run.start_time - CLOCK_SLACK
+        return doc is not None and self.exchange is not None and published_by(self.exchange, doc, site, run)
 
     def _raise(self, alert: Alert) -> None:
         self.alerts.append(alert)

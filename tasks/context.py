@@ -48,6 +48,7 @@ class SiteContext:
     identity: Identity  # from the worker's own identity file
     parsed: Conf  # the job's configuration as this site parsed it (what its policy decides on)
     received: dict[str, Any]  # the run's job parameters as received: job_id, dataset, training, overrides, request
+    dispatch: dict[str, Any]  # the coordinator's dispatch that admitted the current phase (``goes_on``: wait for more)
 
     @property
     def principal(self) -> str:
@@ -179,8 +180,8 @@ def site_context(job_id: str, training: str, dataset: str, overrides: dict[str, 
     exchange = Exchange(store_from_env(parsed.sites.exchange, "exchange"), job_id, writer=site)
     received = {"job_id": job_id, "dataset": dataset, "training": training, "overrides": overrides,
                 "request": request}
-    bind_to_dispatch(ident.audit(), exchange, store, site, action, fr_id, {**received, **(phase_parameters or {})},
-                     decision.principal)
+    dispatched = bind_to_dispatch(ident.audit(), exchange, store, site, action, fr_id,
+                                  {**received, **(phase_parameters or {})}, decision.principal)
     conf = resolve(parsed)  # admitted: now every component the configuration names is resolved
     logger.info("site=%s pool=%s flow_run=%s: %s", site, ident.work_pool, fr_id, decision.reason)
     return SiteContext(
@@ -196,6 +197,7 @@ def site_context(job_id: str, training: str, dataset: str, overrides: dict[str, 
         identity=ident,
         parsed=parsed,
         received=received,
+        dispatch=dispatched,
     )
 
 
@@ -213,12 +215,12 @@ def admit_next_phase(context: SiteContext, action: Action, phase_parameters: dic
     p, ident = context.received, context.identity
     decision, policy = admit(ident, action, p["job_id"], p["training"], p["dataset"], p["overrides"], p["request"],
                              context.parsed, context.store, context.flow_run_id)
-    bind_to_dispatch(ident.audit(), context.exchange, context.store, context.site, action, context.flow_run_id,
-                     {**p, **phase_parameters}, decision.principal)
+    dispatched = bind_to_dispatch(ident.audit(), context.exchange, context.store, context.site, action,
+                                  context.flow_run_id, {**p, **phase_parameters}, decision.principal)
     get_run_logger().info("site=%s pool=%s flow_run=%s goes on to %s: %s", context.site, ident.work_pool,
                           context.flow_run_id, action, decision.reason)
     return replace(context, audit=ident.audit().with_fields(principal=decision.principal), decision=decision,
-                   policy=policy)
+                   policy=policy, dispatch=dispatched)
 
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
@@ -19,14 +20,19 @@ from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 
 from insitu.federated.exchange import Exchange
-from insitu.federated.paths import dispatch
+from insitu.federated.paths import ABORT, Document, dispatch
 from insitu.governance.dispatch import dispatch_record
+
+# Prefect's clock and the store's may differ a little; a document written this close before its run's start counts
+# as the run's own (a run takes longer than this to reach its publish).
+CLOCK_SLACK = timedelta(seconds=2)
 
 
 def start_site_runs(flow_name: str, params: dict[str, dict[str, Any]], pools: dict[str, str],
-                    exchange: Exchange | None = None) -> dict[str, UUID]:
+                    exchange: Exchange | None = None, goes_on: bool = False) -> dict[str, UUID]:
     """``run_deployment("<flow>/<site>")`` for each site without waiting; returns the flow run ids. Each run is
-    recorded on ``exchange`` (the job's, as the coordinator) at once: the site waits for that record.
+    recorded on ``exchange`` (the job's, as the coordinator) at once: the site waits for that record. ``goes_on``:
+    each run then waits, past its phase, for the coordinator to dispatch it the job's next phase.
 
     Each deployment must still be on the pool ``conf/sites.yaml`` gives its site (``pools``): anyone with
     the API's credential can move a deployment, and a site's work must not be sent to another site.
@@ -53,43 +59,46 @@ def start_site_runs(flow_name: str, params: dict[str, dict[str, Any]], pools: di
         ids[site] = fr.id
         if exchange is not None:
             phase = flow_name.removeprefix("site-")
-            exchange.put_json(dispatch(phase, site), dispatch_record(site, phase, str(fr.id), p))
+            exchange.put_json(dispatch(phase, site), dispatch_record(site, phase, str(fr.id), p, goes_on))
         logger.info("started %s/%s as flow run %s", flow_name, site, fr.id)
     return ids
 
 
 def continue_site_runs(phase: str, params: dict[str, dict[str, Any]], runs: dict[str, UUID],
-                       exchange: Exchange) -> dict[str, UUID]:
+                       exchange: Exchange, goes_on: bool = False) -> dict[str, UUID]:
     """Dispatch ``phase`` to each site's run that is still going (``runs``: a ``site-train`` run past its rounds),
     with ``params`` as a run started for the phase would get them: the run admits the phase as that run would
     (:func:`tasks.site_evaluation.evaluate_when_dispatched`). Returns ``runs``."""
     logger = get_run_logger()
     for site, p in params.items():
-        exchange.put_json(dispatch(phase, site), dispatch_record(site, phase, str(runs[site]), p))
+        exchange.put_json(dispatch(phase, site), dispatch_record(site, phase, str(runs[site]), p, goes_on))
         logger.info("dispatched %s to %s's running flow run %s", phase, site, runs[site])
     return {site: runs[site] for site in params}
 
 
 def dispatch_phase(flow_name: str, params: dict[str, dict[str, Any]], runs: dict[str, UUID], pools: dict[str, str],
-                   exchange: Exchange) -> dict[str, UUID]:
+                   exchange: Exchange, goes_on: bool = False) -> dict[str, UUID]:
     """Each site's run of the next phase (``site-<phase>``): its run of the job that is still going (``runs``),
     dispatched the phase (:func:`continue_site_runs`), else a new run of ``flow_name`` (:func:`start_site_runs`)."""
     states = run_states({site: runs[site] for site in params if site in runs})
     going = [site for site, run in states.items() if not (run.state and run.state.is_final())]
     phase = flow_name.removeprefix("site-")
-    return {**continue_site_runs(phase, {site: params[site] for site in going}, runs, exchange),
-            **start_site_runs(flow_name, {s: p for s, p in params.items() if s not in going}, pools, exchange)}
+    return {**continue_site_runs(phase, {site: params[site] for site in going}, runs, exchange, goes_on),
+            **start_site_runs(flow_name, {s: p for s, p in params.items() if s not in going}, pools, exchange,
+                              goes_on)}
 
 
 @contextmanager
-def aborted_on_failure(exchange: Exchange, phase: str) -> Iterator[None]:
-    """The job's abort marker when ``phase`` fails: site runs that wait to be dispatched their next phase (a train
-    run waiting to evaluate) stop waiting at once instead of holding their site's worker until they time out."""
+def aborted_on_failure(exchange: Exchange) -> Iterator[None]:
+    """The job's abort marker (unless a phase wrote its own, with its reason) when the job fails: a site's run that
+    waits to be dispatched its next phase (a prepare run waiting to train, a train run waiting to evaluate) stops
+    waiting at once instead of holding its site's worker until it times out."""
     try:
         yield
-    except Exception as e:
+    except BaseException as e:
         try:
-            exchange.put_abort(f"{phase}: {type(e).__name__}: {e}")
+            if not exchange.exists(ABORT):
+                exchange.put_abort(f"{type(e).__name__}: {e}")
         except Exception as marker_error:  # the job's own error is what the operator must see
             get_run_logger().warning("could not write the abort marker: %s", marker_error)
         raise
@@ -101,17 +110,44 @@ def run_states(ids: dict[str, UUID]) -> dict[str, FlowRun]:
 
 
 def wait_for_runs(
-    ids: dict[str, UUID], timeout: float, poll: float = 1.0, on_poll: Callable[[dict[str, FlowRun]], None] | None = None
+    ids: dict[str, UUID], timeout: float, poll: float = 1.0,
+    on_poll: Callable[[dict[str, FlowRun]], None] | None = None, settled: Callable[[str, FlowRun], bool] | None = None,
 ) -> dict[str, FlowRun]:
-    """Poll until every run is final or ``timeout`` passes; returns the last seen runs."""
+    """Poll until every run is final (or ``settled(site, run)``: done with its phase, going on to the next) or
+    ``timeout`` passes; returns the last seen runs."""
     deadline = time.monotonic() + timeout
     while True:
         runs = run_states(ids)
         if on_poll:
             on_poll(runs)
-        if all(r.state and r.state.is_final() for r in runs.values()) or time.monotonic() > deadline:
+        if all((r.state and r.state.is_final()) or (settled and settled(s, r)) for s, r in runs.items()) \
+                or time.monotonic() > deadline:
             return runs
         time.sleep(poll)
+
+
+def wait_until_published(ids: dict[str, UUID], exchange: Exchange, doc: Document, timeout: float,
+                         on_poll: Callable[[dict[str, FlowRun]], None] | None = None
+                         ) -> tuple[dict[str, FlowRun], set[str]]:
+    """Wait until each run published ``doc`` (its site's: then it waits, still going, for its next phase) or
+    ended, or ``timeout`` passes. Returns the last seen runs and the sites whose run published ``doc``."""
+    published: set[str] = set()
+
+    def settled(site: str, run: FlowRun) -> bool:
+        if site not in published and published_by(exchange, doc, site, run):
+            published.add(site)
+        return site in published
+
+    return wait_for_runs(ids, timeout, on_poll=on_poll, settled=settled), published
+
+
+def published_by(exchange: Exchange, doc: Document, site: str, run: FlowRun) -> bool:
+    """Whether ``run`` itself published ``doc`` (``site``'s): written since the run started. A re-run of the job
+    by its id finds its earlier run's document there; that one does not count."""
+    if run.start_time is None:
+        return False
+    written = exchange.modified(doc, writer=site)
+    return written is not None and written >= run.start_time - CLOCK_SLACK
 
 
 def failed(runs: dict[str, FlowRun]) -> dict[str, str]:

@@ -49,8 +49,9 @@ def _recorded(store: Store, key: str) -> dict[str, Any] | None:
 
 
 def bind_to_dispatch(audit: Auditor, exchange: Exchange, store: Store, site: str, phase: str,
-                     flow_run_id: str | None, received: dict[str, Any], principal: str | None) -> None:
+                     flow_run_id: str | None, received: dict[str, Any], principal: str | None) -> dict[str, Any]:
     """Admit this run only as the coordinator dispatched it, and only once; audit a refusal before raising it.
+    Returns the dispatch (whether the run goes on to the job's next phase: ``goes_on``).
 
     Raises
     ------
@@ -71,3 +72,5 @@ def bind_to_dispatch(audit: Auditor, exchange: Exchange, store: Store, site: str
         raise DispatchRefused(*refusal)
     store.write_bytes(key, json.dumps({"job_id": job_id, "phase": phase, "flow_run_id": flow_run_id,
                                        "request": digest, "admitted_at": datetime.now(UTC).isoformat()}).encode())
+    assert record is not None  # no refusal: the dispatch names this run
+    return record

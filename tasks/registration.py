@@ -11,6 +11,7 @@ import hashlib
 import tempfile
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
+from importlib.metadata import version as installed_version
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,9 @@ from insitu.job import JobSpec
 from insitu.models import Normalization, build_model
 from tasks.mlflow_runs import code_version, log_metrics
 
+# What a registered model needs to load and serve: the packages MLflow's own inference finds for it (its pytorch
+# flavour's, the data libraries its pyfunc wrapper uses, and insitu, whose classes the pickled model names).
+SERVING_PACKAGES = ("mlflow", "cloudpickle", "insitu", "numpy", "pandas", "torch")
 WEIGHTS_DIR = "weights"
 WEIGHTS_FILE = "state.pt"
 
@@ -144,10 +148,20 @@ def _log_and_register(
             (Path(tmp) / WEIGHTS_FILE).write_bytes(weights)
             client.log_artifact(runs["parent"], str(Path(tmp) / WEIGHTS_FILE), WEIGHTS_DIR)
         info = mlflow.pytorch.log_model(model, name="model", signature=signature, input_example=example,
-                                        serialization_format="pickle", registered_model_name=name)
+                                        serialization_format="pickle", registered_model_name=name,
+                                        pip_requirements=serving_requirements())
     version = str(info.registered_model_version)
     client.set_model_version_tag(name, version, "weights_sha256", hashlib.sha256(weights).hexdigest())
     return version
+
+
+def serving_requirements() -> list[str]:
+    """The registered model's ``requirements.txt``, pinned to what is installed (a local version label such as
+    torch's ``+cpu`` dropped, as MLflow does, so that pip can install it). Written out rather than inferred: MLflow's
+    inference starts a Python process that imports mlflow, torch and the model to see what it imports, 9-14 s on the
+    coordinator's path at every registration on 2 cores (0.2 s so); ``tests/unit/test_serving_requirements.py``
+    checks that it names what the inference finds."""
+    return [f"{name}=={installed_version(name).split('+')[0]}" for name in SERVING_PACKAGES]
 
 
 @task(task_run_name="load-champion")

@@ -53,13 +53,16 @@ def evaluate_here(context: SiteContext, weights: list[str]) -> dict[str, Any]:
 def evaluate_when_dispatched(context: SiteContext, wait_timeout_s: float) -> dict[str, Any] | None:
     """After its rounds, a site's train run waits for the coordinator to dispatch the job's evaluation to it
     (a dispatch naming this run and the models to score), admits it as a run started for it would be, and
-    evaluates. None when the job failed instead (the abort marker).
+    evaluates. None when the job failed instead (the abort marker), or the coordinator dispatched the training
+    alone (its dispatch does not say ``goes_on``).
 
     Raises
     ------
     TimeoutError
         When the coordinator dispatched nothing to this run within ``wait_timeout_s``.
     """
+    if not context.dispatch.get("goes_on"):  # dispatched alone: the run ends with its rounds
+        return None
     record = wait_for_dispatch(context.exchange, "evaluate", context.flow_run_id, wait_timeout_s)
     if record is None:
         get_run_logger().warning("site=%s: job %s was aborted before its evaluation", context.site,

@@ -168,21 +168,16 @@ def follow(flow_run_id: Any, job_id: str, ex: Any, shape: JobShape) -> Any:
 
 def look(client: Any, flow_run_id: Any, job_id: str, ex: Any) -> tuple[Any, JobProgress]:
     """The retrain flow run, and how far its job is (read from Prefect and the exchange)."""
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
-
     from insitu.federated.kinds import COORDINATOR
-    from insitu.federated.paths import EVALUATION, MANIFEST_SUFFIX, SUMMARY, Kind
+    from insitu.federated.paths import EVALUATION, MANIFEST_SUFFIX, PREPARE_STATS, SUMMARY, Kind
 
     run = client.read_flow_run(flow_run_id)
-    kids = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=job_id)))
-    # By name (`site-prepare-<site>-<job>`): a site run repeated by a resumed job counts once.
-    done = {k.name for k in kids if k.state_name == "Completed"}
     manifests = [x for x in ex.list(Kind.WEIGHTS, COORDINATOR) if x.endswith(MANIFEST_SUFFIX)]
+    # What each site published, one document per site (a site's one run does every phase of the job).
     return run, JobProgress(
         state=str(run.state_name),
-        prepared=sum(1 for n in done if n.startswith("site-prepare")),
+        prepared=sum(1 for x in ex.list(Kind.STATS) if x.endswith(f"/{PREPARE_STATS.name}")),
         rounds_done=max(0, len(manifests) - 1),  # the first global model is the initial one
-        # A site evaluates in its train run: its published evaluation is what counts.
         evaluated=sum(1 for x in ex.list(Kind.METRICS) if x.endswith(f"/{EVALUATION.name}")),
         registered=ex.exists(SUMMARY, writer=COORDINATOR),
     )

@@ -21,7 +21,7 @@ class JobProgress:
     """One look at a running job."""
 
     state: str  # the retrain flow run's state name (Pending, Running, …)
-    prepared: int  # sites whose site-prepare completed
+    prepared: int  # sites that published their preparation
     rounds_done: int  # global models the coordinator published after the initial one
     evaluated: int  # sites that published their evaluation
     registered: bool  # the coordinator wrote the job's summary

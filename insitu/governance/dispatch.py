@@ -77,10 +77,12 @@ def bound_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def dispatch_record(site: str, phase: str, flow_run_id: str, parameters: dict[str, Any]) -> dict[str, Any]:
-    """What the coordinator writes (``paths.dispatch(phase, site)``) once it created ``flow_run_id``."""
+def dispatch_record(site: str, phase: str, flow_run_id: str, parameters: dict[str, Any],
+                    goes_on: bool = False) -> dict[str, Any]:
+    """What the coordinator writes (``paths.dispatch(phase, site)``) once it created ``flow_run_id`` (or dispatches
+    ``phase`` to it, running): ``goes_on``, the run then waits for the job's next phase."""
     return {"recipient": site, "phase": phase, "flow_run_id": str(flow_run_id),
-            "parameters": bound_parameters(parameters)}
+            "parameters": bound_parameters(parameters), "goes_on": goes_on}
 
 
 def differences(dispatched: dict[str, Any], received: dict[str, Any]) -> list[str]:

@@ -87,12 +87,14 @@ def test_coordinator_scale_prints_seconds_and_memory_per_site_count(tmp_path: Pa
 def test_strategies_prints_throughput_and_memory_tables(tmp_path: Path) -> None:
     out_file = tmp_path / "strategies.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+    # Two strategies: the script's tables and its side-by-side checks; every strategy itself is tested in
+    # tests/parallel (the other two cost CI a minute and a half here, mostly process starts).
     tiny = ["--rows", "1024", "--d-model", "16", "--n-heads", "2", "--n-layers", "2", "--batch", "64", "--repeat", "1",
-            "--bare-warmup-steps", "0"]
+            "--bare-warmup-steps", "0", "--strategies", "ddp,fsdp"]
     out = subprocess.run([sys.executable, str(REPO / "bench" / "strategies.py"), *tiny, "--out", str(out_file)],
                          env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
-    names = ["ddp", "fsdp", "pipeline", "hybrid"]
+    names = ["ddp", "fsdp"]
     tables = [line for line in out.stdout.splitlines() if line.startswith("| ") and "strategy" not in line
               and "---" not in line]
     assert [r.split("|")[1].strip() for r in tables] == names * 2  # throughput, then memory
@@ -109,8 +111,6 @@ def test_strategies_prints_throughput_and_memory_tables(tmp_path: Path) -> None:
         assert x["bytes_per_rank"] == x["bare_bytes_per_rank"]
     ddp = rows["ddp"]["bytes_per_rank_max"]
     assert rows["fsdp"]["bytes_per_rank_max"] < ddp and rows["fsdp"]["target_met"]
-    assert rows["pipeline"]["bytes_per_rank_max"] < ddp
-    assert rows["hybrid"]["bytes_per_rank_max"] < rows["fsdp"]["bytes_per_rank_max"]
 
 
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp"])

@@ -58,23 +58,23 @@ def test_retrain_completes(job: dict[str, Any]) -> None:
 
 def test_site_runs_ran_on_their_own_site_workers(deployed: Platform, job: dict[str, Any]) -> None:
     by_name = {r.name: r for r in flow_runs_named(job["job_id"])}
-    # Each site evaluates in its train run: no third flow run per site (its start and imports) per job.
-    assert not [n for n in by_name if n.startswith("site-evaluate")], sorted(by_name)
-    for flow in ("site-prepare", "site-train"):
-        for site in ("eu", "us", "apac"):
-            r = by_name[f"{flow}-{site}-{job['job_id']}"]
-            assert r.state.is_completed(), (r.name, r.state.message)
-            assert r.work_pool_name == f"insitu-{site}"
-            logs = flow_run_logs([r.id])
-            assert any(f"Worker 'insitu-{site}-worker' submitting" in m for m in logs), logs[:5]
-            # the site's own identity, and its own policy's decision on the request the job carried
-            assert any(f"site={site} pool=insitu-{site}" in m and f"site '{site}' admits" in m
-                       and "for 'alice'" in m for m in logs), logs
-            if flow == "site-train":  # the evaluation, admitted in the same run as a run of its own would be
-                assert any(f"goes on to evaluate: site '{site}' admits" in m for m in logs), logs
-                (admitted,) = [e for e in job_events(deployed, site, job["job_id"], "policy.decision")
-                               if e["fields"].get("action") == "evaluate"]
-                assert admitted["fields"]["flow_run_id"] == str(r.id)
+    # One flow run per site per job: its prepare run trains and evaluates too (one process start, not three).
+    assert sorted(by_name) == sorted(f"site-prepare-{s}-{job['job_id']}" for s in ("eu", "us", "apac")), by_name
+    for site in ("eu", "us", "apac"):
+        r = by_name[f"site-prepare-{site}-{job['job_id']}"]
+        assert r.state.is_completed(), (r.name, r.state.message)
+        assert r.work_pool_name == f"insitu-{site}"
+        logs = flow_run_logs([r.id])
+        assert any(f"Worker 'insitu-{site}-worker' submitting" in m for m in logs), logs[:5]
+        # the site's own identity, and its own policy's decision on the request the job carried
+        assert any(f"site={site} pool=insitu-{site}" in m and f"site '{site}' admits" in m
+                   and "for 'alice'" in m for m in logs), logs
+        # each later phase admitted in the same run as a run of its own would be: the site's policy, the dispatch
+        decided = {(e["fields"]["action"], e["fields"]["flow_run_id"], e["fields"]["allowed"])
+                   for e in job_events(deployed, site, job["job_id"], "policy.decision")}
+        for phase in ("train", "evaluate"):
+            assert any(f"goes on to {phase}: site '{site}' admits {phase}" in m for m in logs), logs
+            assert (phase, str(r.id), True) in decided, decided
 
 
 def test_model_registered_with_challenger_alias_and_metrics(deployed: Platform, job: dict[str, Any]) -> None:

@@ -39,10 +39,12 @@ def _params(**kw: Any) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- the dispatch, written and checked
 def test_a_dispatch_records_the_run_and_its_parameters() -> None:
-    rec = dispatch_record("eu", "train", RUN, _params(overrides={"rounds": 2}, wait_timeout_s=900))
+    rec = dispatch_record("eu", "train", RUN, _params(overrides={"rounds": 2}, wait_timeout_s=900), goes_on=True)
     assert rec == {"recipient": "eu", "phase": "train", "flow_run_id": RUN,
                    "parameters": {"job_id": "job-7", "dataset": "fraud", "training": "fraud",
-                                  "overrides": {"rounds": 2}, "request": None, "wait_timeout_s": 900.0}}
+                                  "overrides": {"rounds": 2}, "request": None, "wait_timeout_s": 900.0},
+                   "goes_on": True}  # the run goes on to the job's next phase when the coordinator dispatches it
+    assert not dispatch_record("eu", "prepare", RUN, _params())["goes_on"]  # a run dispatched alone ends with it
     assert dispatch_refusal(rec, site="eu", phase="train", flow_run_id=RUN,
                             received=_params(overrides={"rounds": 2}, wait_timeout_s=900.0)) is None
 

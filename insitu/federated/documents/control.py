@@ -87,3 +87,6 @@ class Dispatch(Doc):
     phase: Literal["prepare", "train", "evaluate"]
     flow_run_id: Annotated[str, Field(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")]
     parameters: DispatchedParameters
+    goes_on: bool = False
+    """The run waits, past this phase, for the coordinator to dispatch the job's next phase to it (one site run per
+    job); a run dispatched alone ends with its phase."""
