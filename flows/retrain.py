@@ -46,12 +46,11 @@ from tasks.context import actor_identity, ran_as
 from tasks.dispatch import (
     aborted_on_failure,
     dispatch_phase,
+    dispatch_phase_and_wait,
     explained,
-    failed,
     leave_out_late,
     run_states,
     start_site_runs,
-    wait_for_runs,
     wait_until_published,
 )
 from tasks.evaluate import read_evaluations
@@ -227,8 +226,9 @@ def prepare(job: Job, plan: dict[str, list[str]]) -> tuple[list[str], dict[str, 
 
 def train(job: Job, sites: list[str], mlruns: dict[str, str],
           prepare_runs: dict[str, UUID]) -> tuple[RoundsOutcome, dict[str, UUID]]:
-    """One long-lived ``site-train`` run per site; the rounds (insitu.federated.coordinator.run_rounds) exchange
-    through the exchange; each round logged to MLflow and the progress artifact; the selected round audited.
+    """Each site's one run of the job trains (a ``site-train`` run only where it ended); the rounds
+    (insitu.federated.coordinator.run_rounds) exchange through the exchange; each round logged to MLflow and the
+    progress artifact; the selected round audited.
     Returns the outcome and the site runs, which go on to evaluate the job (:func:`evaluate`)."""
     logger, training, exchange = get_run_logger(), job.training, job.exchange
     progress = create_progress_artifact(progress=0.0, key="retrain-progress",
@@ -316,9 +316,9 @@ def evaluate(job: Job, sites: list[str], outcome: RoundsOutcome, features: list[
     if champion:
         exchange.put_state(CHAMPION, champion.state, version=champion.version)
         names.append(CHAMPION.name)
-    run_ids = dispatch_phase("site-evaluate", {site: {**job.common, "weights": names} for site in sites}, train_runs,
-                             job.pools, job.exchange)
-    failures = failed(wait_for_runs(run_ids, job.params.phase_timeout_s, on_poll=job.watch.on("evaluate")))
+    failures = dispatch_phase_and_wait("site-evaluate", {site: {**job.common, "weights": names} for site in sites},
+                                       train_runs, job.pools, job.exchange, job.params.phase_timeout_s,
+                                       job.watch.on("evaluate"))
     evaluated_sites = [site for site in sites if site not in failures]
     require_quorum(job, "evaluate", evaluated_sites, failures)
     by_site = read_evaluations(exchange, evaluated_sites, training.rounds, update_limit(training))

@@ -1,8 +1,8 @@
 """``site-evaluate``: runs on a site's own pool; scores global models on the site's own test split.
 
-A site's evaluation normally runs in its ``site-train`` run, once the rounds are over
+A site's evaluation normally runs in its one run of the job, once the rounds are over
 (:func:`tasks.site_evaluation.evaluate_when_dispatched`): the coordinator starts this flow only for a site whose
-train run is no longer there to do it (it failed, or was cancelled). Both admit the evaluation alike.
+run is no longer there to do it (it failed, or was cancelled). Both admit the evaluation alike.
 """
 
 from __future__ import annotations

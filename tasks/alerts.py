@@ -17,15 +17,14 @@ from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
 
 from insitu.federated.exchange import Exchange
-from insitu.federated.paths import EVALUATION, PREPARE_STATS, update
+from insitu.federated.paths import update
 from insitu.federated.round_alerts import GATE_REFUSED, dropped, slow
 from insitu.governance.audit_service import Auditor
 from insitu.governance.run_alerts import Alert, pool_alert, run_alert
-from tasks.dispatch import published_by
+from tasks.dispatch import PUBLISHED, published_by
 
 log = logging.getLogger(__name__)
 
-PUBLISHED = {"prepare": PREPARE_STATS, "evaluate": EVALUATION}  # what a site's run of a phase publishes last
 
 
 class RunWatch:
@@ -126,7 +125,7 @@ class RunWatch:
     def _published(self, phase: str, site: str, run: FlowRun) -> bool:
         """Whether ``run`` itself published the phase's result: written since the run started (a re-run of the
         job by its id finds its earlier run's result there, and may still fail on its own)."""
-        doc = PUBLISHED.get(phase)
+        doc = PUBLISHED.get(f"site-{phase}")
         return doc is not None and self.exchange is not None and published_by(self.exchange, doc, site, run)
 
     def _raise(self, alert: Alert) -> None:

@@ -202,10 +202,11 @@ def site_context(job_id: str, training: str, dataset: str, overrides: dict[str, 
 
 
 def admit_next_phase(context: SiteContext, action: Action, phase_parameters: dict[str, Any]) -> SiteContext:
-    """Admit the job's next phase in this same run (a ``site-train`` run that goes on to evaluate), as a run
-    started for that phase would be admitted: the site's own policy decides the signed request for ``action``
-    (audited either way), and the coordinator's dispatch of the phase must name this run with these parameters,
-    admitted once (:mod:`insitu.governance.dispatch`). Returns the context under the new decision.
+    """Admit the job's next phase in this same run (a site's run going on from preparing to training, or from
+    training to evaluating), as a run started for that phase would be admitted: the site's own policy decides the
+    signed request for ``action`` (audited either way), and the coordinator's dispatch of the phase must name this
+    run with these parameters, admitted once (:mod:`insitu.governance.dispatch`). Returns the context under the new
+    decision.
 
     Raises
     ------

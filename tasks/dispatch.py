@@ -20,9 +20,11 @@ from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 
 from insitu.federated.exchange import Exchange
-from insitu.federated.paths import ABORT, Document, dispatch
+from insitu.federated.paths import ABORT, EVALUATION, PREPARE_STATS, Document, dispatch
 from insitu.governance.dispatch import dispatch_record
 
+# What a site's run of a phase publishes last: the phase's result on the exchange.
+PUBLISHED = {"site-prepare": PREPARE_STATS, "site-evaluate": EVALUATION}
 # Prefect's clock and the store's may differ a little; a document written this close before its run's start counts
 # as the run's own (a run takes longer than this to reach its publish).
 CLOCK_SLACK = timedelta(seconds=2)
@@ -66,9 +68,9 @@ def start_site_runs(flow_name: str, params: dict[str, dict[str, Any]], pools: di
 
 def continue_site_runs(phase: str, params: dict[str, dict[str, Any]], runs: dict[str, UUID],
                        exchange: Exchange, goes_on: bool = False) -> dict[str, UUID]:
-    """Dispatch ``phase`` to each site's run that is still going (``runs``: a ``site-train`` run past its rounds),
-    with ``params`` as a run started for the phase would get them: the run admits the phase as that run would
-    (:func:`tasks.site_evaluation.evaluate_when_dispatched`). Returns ``runs``."""
+    """Dispatch ``phase`` to each site's run that is still going (``runs``: a site's run of the job past its
+    previous phase), with ``params`` as a run started for the phase would get them: the run admits the phase as
+    that run would (:func:`tasks.context.admit_next_phase`). Returns ``runs``."""
     logger = get_run_logger()
     for site, p in params.items():
         exchange.put_json(dispatch(phase, site), dispatch_record(site, phase, str(runs[site]), p, goes_on))
@@ -138,7 +140,28 @@ def wait_until_published(ids: dict[str, UUID], exchange: Exchange, doc: Document
             published.add(site)
         return site in published
 
-    return wait_for_runs(ids, timeout, on_poll=on_poll, settled=settled), published
+    runs = wait_for_runs(ids, timeout, on_poll=on_poll, settled=settled)
+    # One more look at each run not counted: it published after the last poll, or published and then ended.
+    published.update(s for s, r in runs.items() if s not in published and published_by(exchange, doc, s, r))
+    return runs, published
+
+
+def dispatch_phase_and_wait(flow_name: str, params: dict[str, dict[str, Any]], runs: dict[str, UUID],
+                            pools: dict[str, str], exchange: Exchange, timeout: float,
+                            on_poll: Callable[[dict[str, FlowRun]], None] | None = None) -> dict[str, str]:
+    """The job's last phase on each site (:func:`dispatch_phase`), waited for until every run ended; returns the
+    sites that failed it, with why (:func:`without_result`)."""
+    ids = dispatch_phase(flow_name, params, runs, pools, exchange)
+    return without_result(wait_for_runs(ids, timeout, on_poll=on_poll), exchange, PUBLISHED[flow_name])
+
+
+def without_result(runs: dict[str, FlowRun], exchange: Exchange, doc: Document) -> dict[str, str]:
+    """Sites whose run failed a phase: it did not complete, or it completed without publishing ``doc`` (the phase's
+    result) since it started. A Completed state alone proves nothing: the Prefect API can set it."""
+    out = failed(runs)
+    out.update({site: f"its run ended without publishing {doc.name}" for site, run in runs.items()
+                if site not in out and not published_by(exchange, doc, site, run)})
+    return out
 
 
 def published_by(exchange: Exchange, doc: Document, site: str, run: FlowRun) -> bool:
@@ -170,7 +193,7 @@ def ended_without_completing(ids: dict[str, UUID]) -> dict[str, str]:
     return failed({s: r for s, r in runs.items() if r.state is not None and r.state.is_final()})
 
 
-def explained(e: Exception, ids: dict[str, UUID], phase: str = "site-train") -> tuple[str, Exception]:
+def explained(e: Exception, ids: dict[str, UUID], phase: str = "training") -> tuple[str, Exception]:
     """Why a phase failed, with why each site whose run ended did so (a site that failed closed, say): the operator
     reads one message, not every site's run. Returns the reason and the error to raise (a quorum error carries the
     sites' reasons; any other error is raised as it is)."""

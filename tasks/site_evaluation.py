@@ -1,7 +1,7 @@
 """A site's evaluation of a job: score the models the coordinator names on the site's own test split, publish the
-metrics (never a score). It runs in the site's ``site-train`` run once its rounds are over and the coordinator
-dispatches the evaluation to that run (:func:`evaluate_when_dispatched`), or in a ``site-evaluate`` run of its own
-when the site's train run is no longer there to do it."""
+metrics (never a score). It runs in the site's one run of the job (its ``site-prepare`` run, or a ``site-train``
+run) once its rounds are over and the coordinator dispatches the evaluation to that run
+(:func:`evaluate_when_dispatched`), or in a ``site-evaluate`` run of its own when that run is no longer there."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def evaluate_here(context: SiteContext, weights: list[str]) -> dict[str, Any]:
 
 
 def evaluate_when_dispatched(context: SiteContext, wait_timeout_s: float) -> dict[str, Any] | None:
-    """After its rounds, a site's train run waits for the coordinator to dispatch the job's evaluation to it
+    """After its rounds, a site's run waits for the coordinator to dispatch the job's evaluation to it
     (a dispatch naming this run and the models to score), admits it as a run started for it would be, and
     evaluates. None when the job failed instead (the abort marker), or the coordinator dispatched the training
     alone (its dispatch does not say ``goes_on``).

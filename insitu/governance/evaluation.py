@@ -6,7 +6,7 @@ round's validation, so the round's model came out of this job's training), or th
 validation rows. The first round it scores is bound to the job in the site's own store; any other round is
 refused afterwards.
 
-A site's evaluation (``tasks/site_evaluation.py``: in its ``site-train`` run, or in a ``site-evaluate`` run) gathers
+A site's evaluation (``tasks/site_evaluation.py``: in its one run of the job, or in a ``site-evaluate`` run) gathers
 the facts (the rounds this site validated, the model the job is bound to), asks :func:`evaluation_refusal`, binds
 the job on its first evaluation, and audits a refusal.
 """

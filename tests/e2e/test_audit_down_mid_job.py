@@ -61,9 +61,9 @@ def test_a_site_whose_audit_service_is_down_fails_closed_and_the_job_resumes_onc
     assert restarted == [f"audit-{SITE}"], restarted
     assert failed.state.is_failed(), failed.state
     why = failed.state.message or ""
-    assert "quorum not met" in why and f"{SITE}'s site-train run ended" in why and "audit service" in why, why
+    assert "quorum not met" in why and f"{SITE}'s training run ended" in why and "audit service" in why, why
     (event,) = job_events(p, "coordinator", job, "job.failed")
-    assert f"{SITE}'s site-train run ended" in event["fields"]["reason"], event
+    assert f"{SITE}'s training run ended" in event["fields"]["reason"], event
     ex.fs.invalidate_cache()
     assert not ex.fs.exists(f"{root}/update/{SITE}/round-0001.manifest.json")  # it trained no further
 

@@ -79,7 +79,8 @@ def test_killed_rank_worker_round_retries_from_checkpoint_and_job_registers(
     assert run.state.is_completed(), run.state.message
     with get_client(sync_client=True) as c:
         (tr,) = c.read_task_runs(
-            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[f"site-train-eu-{job_id}"])),
+            # eu's one run of the job (it prepared, then trained when the coordinator dispatched it)
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[f"site-prepare-eu-{job_id}"])),
             task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=["train-eu-round-0"])),
         )
     assert tr.run_count == 2 and tr.state.is_completed(), (tr.run_count, tr.state)

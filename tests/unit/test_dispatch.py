@@ -47,9 +47,73 @@ def test_a_quorum_failure_names_why_each_ended_site_run_ended(monkeypatch: pytes
     ids: dict[str, Any] = dict.fromkeys(runs)
     e = QuorumError("round 1: quorum not met: 2 update(s) from ['eu', 'apac'] < min_sites=3; missing: ['us']")
     reason, error = dispatch.explained(e, ids)
-    assert reason == f"{e}; us's site-train run ended Failed: AuditServiceError: us's audit service is unreachable"
+    assert reason == f"{e}; us's training run ended Failed: AuditServiceError: us's audit service is unreachable"
     assert isinstance(error, QuorumError) and str(error) == reason  # a completed or running site is not named
     other = RuntimeError("the exchange refused a write")
     assert dispatch.explained(other, ids)[1] is other  # any other error is raised as it is, its reason extended
     monkeypatch.setattr(dispatch, "run_states", lambda ids: (_ for _ in ()).throw(ConnectionError("down")))
     assert dispatch.explained(e, ids) == (str(e), e)  # the orchestrator does not answer: nothing to add
+
+
+# --------------------------------------------------------------------------- one run per site per job
+def test_a_phase_goes_to_each_sites_running_run_and_a_new_run_only_where_it_ended(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from prefect.states import Failed, Running
+
+    monkeypatch.setattr(dispatch, "get_run_logger", lambda: logging.getLogger("test"))
+    states = {"eu": Running(), "us": Failed(message="worker lost")}
+    monkeypatch.setattr(dispatch, "run_states", lambda ids: {s: SimpleNamespace(state=states[s]) for s in ids})
+    written: list[tuple[str, dict[str, Any]]] = []
+    exchange = SimpleNamespace(put_json=lambda doc, record: written.append((doc.name, record)))
+    started: list[tuple[str, list[str], bool]] = []
+    monkeypatch.setattr(dispatch, "start_site_runs", lambda flow, params, pools, ex, goes_on: started.append(
+        (flow, sorted(params), goes_on)) or {s: f"new-{s}" for s in params})
+    eu_run = "0b6f3c1e-7a1d-4c55-9d2e-3f1a2b3c4d5e"
+    params = {s: {"job_id": "j", "dataset": "fraud", "training": "fraud", "wait_timeout_s": 900} for s in states}
+    ids = dispatch.dispatch_phase("site-train", params, {"eu": eu_run, "us": "ended"}, {}, exchange, goes_on=True)
+    assert ids == {"eu": eu_run, "us": "new-us"}
+    # eu's running run is dispatched the phase (naming that run); us, whose run ended, gets a new site-train run
+    ((name, record),) = written
+    assert name == "dispatch-train-eu.json" and record["flow_run_id"] == eu_run and record["goes_on"] is True
+    assert started == [("site-train", ["us"], True)]
+
+
+def test_a_phase_is_done_where_its_run_published_its_result_and_a_completed_state_alone_is_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import UTC, datetime, timedelta
+    from types import SimpleNamespace
+
+    from prefect.states import Completed, Running
+
+    from insitu.federated.paths import EVALUATION
+
+    start = datetime(2026, 12, 7, 5, 0, tzinfo=UTC)
+    written = {"eu": start + timedelta(seconds=30), "us": start - timedelta(hours=1), "apac": None}  # us: earlier
+    exchange = SimpleNamespace(modified=lambda doc, writer: written[writer])
+    runs = {s: SimpleNamespace(state=Completed(), start_time=start) for s in written}
+    why = "its run ended without publishing evaluate.json"
+    assert dispatch.without_result(runs, exchange, EVALUATION) == {"us": why, "apac": why}
+    # waiting for a phase's result: a run that published is done with it while it goes on running
+    runs = {"eu": SimpleNamespace(state=Running(), start_time=start), "us": SimpleNamespace(state=Running(),
+                                                                                          start_time=start)}
+    monkeypatch.setattr(dispatch, "run_states", lambda ids: runs)
+    seen, published = dispatch.wait_until_published({"eu": 1, "us": 2}, exchange, EVALUATION, timeout=0.2)
+    assert published == {"eu"} and seen == runs
+
+
+def test_a_failed_job_tells_waiting_site_runs_to_stop_unless_a_phase_already_did() -> None:
+    from types import SimpleNamespace
+
+    marks: list[str] = []
+    exchange = SimpleNamespace(exists=lambda doc: bool(marks), put_abort=marks.append)
+    with pytest.raises(RuntimeError), dispatch.aborted_on_failure(exchange):
+        raise RuntimeError("prepare: quorum not met")
+    assert marks == ["RuntimeError: prepare: quorum not met"]
+    with pytest.raises(ValueError), dispatch.aborted_on_failure(exchange):
+        raise ValueError("later")
+    assert marks == ["RuntimeError: prepare: quorum not met"]  # the first reason stands
+    with dispatch.aborted_on_failure(exchange):
+        pass
+    assert len(marks) == 1
