@@ -46,6 +46,7 @@ def site_prepare(
     summary = prepare_shards(context, admitted, job_id)
     summary["site"] = context.site
     summary["ran_as"] = context.ran_as
+    summary["flow_run_id"] = context.flow_run_id
     context.exchange.put_json(PREPARE_STATS, summary)
     logger.info("site=%s prepared %d rows, quarantined %d, unreadable shards %s", context.site,
                 summary["rows_prepared"], summary["rows_quarantined"], summary["shards_unreadable"])

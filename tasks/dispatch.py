@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
@@ -20,14 +19,12 @@ from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 
 from insitu.federated.exchange import Exchange
+from insitu.federated.kinds import ExchangeError
 from insitu.federated.paths import ABORT, EVALUATION, PREPARE_STATS, Document, dispatch
 from insitu.governance.dispatch import dispatch_record
 
 # What a site's run of a phase publishes last: the phase's result on the exchange.
 PUBLISHED = {"site-prepare": PREPARE_STATS, "site-evaluate": EVALUATION}
-# Prefect's clock and the store's may differ a little; a document written this close before its run's start counts
-# as the run's own (a run takes longer than this to reach its publish).
-CLOCK_SLACK = timedelta(seconds=2)
 
 
 def start_site_runs(flow_name: str, params: dict[str, dict[str, Any]], pools: dict[str, str],
@@ -165,12 +162,13 @@ def without_result(runs: dict[str, FlowRun], exchange: Exchange, doc: Document) 
 
 
 def published_by(exchange: Exchange, doc: Document, site: str, run: FlowRun) -> bool:
-    """Whether ``run`` itself published ``doc`` (``site``'s): written since the run started. A re-run of the job
-    by its id finds its earlier run's document there; that one does not count."""
-    if run.start_time is None:
+    """Whether ``run`` itself published ``doc`` (``site``'s): the document names the run (no clock is compared). A
+    re-run of the job by its id finds its earlier run's document there; that one does not count."""
+    try:
+        return exchange.exists(doc, writer=site) and exchange.get_json(doc, writer=site).get("flow_run_id") == str(
+            run.id)
+    except ExchangeError:  # a document the protocol refuses is no result
         return False
-    written = exchange.modified(doc, writer=site)
-    return written is not None and written >= run.start_time - CLOCK_SLACK
 
 
 def failed(runs: dict[str, FlowRun]) -> dict[str, str]:

@@ -45,7 +45,8 @@ def evaluate_here(context: SiteContext, weights: list[str]) -> dict[str, Any]:
         results[name] = evaluate_weights(context, name, x, y, global_stats)
         logger.info("site=%s model=%s %s", context.site, name,
                     " ".join(f"{k}={v:.4f}" for k, v in results[name].items() if isinstance(v, float)))
-    context.exchange.put_json(EVALUATION, {"site": context.site, "ran_as": context.ran_as, "models": results})
+    context.exchange.put_json(EVALUATION, {"site": context.site, "ran_as": context.ran_as, "models": results,
+                                           "flow_run_id": context.flow_run_id})
     anchor_site(context.audit, context.exchange.store, context.site, job_id, "evaluate")
     return results
 

@@ -82,25 +82,27 @@ def test_a_phase_goes_to_each_sites_running_run_and_a_new_run_only_where_it_ende
 
 def test_a_phase_is_done_where_its_run_published_its_result_and_a_completed_state_alone_is_not(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from datetime import UTC, datetime, timedelta
     from types import SimpleNamespace
+    from uuid import uuid4
 
     from prefect.states import Completed, Running
 
     from insitu.federated.paths import EVALUATION
 
-    start = datetime(2026, 12, 7, 5, 0, tzinfo=UTC)
-    written = {"eu": start + timedelta(seconds=30), "us": start - timedelta(hours=1), "apac": None}  # us: earlier
-    exchange = SimpleNamespace(modified=lambda doc, writer: written[writer])
-    runs = {s: SimpleNamespace(state=Completed(), start_time=start) for s in written}
+    run_ids = {s: uuid4() for s in ("eu", "us", "apac")}
+    # eu's run wrote its result; us's document is an earlier attempt's (another run); apac wrote nothing
+    written = {"eu": str(run_ids["eu"]), "us": str(uuid4())}
+    exchange = SimpleNamespace(exists=lambda doc, writer: writer in written,
+                               get_json=lambda doc, writer: {"flow_run_id": written[writer]})
+    runs = {s: SimpleNamespace(id=i, state=Completed()) for s, i in run_ids.items()}
     why = "its run ended without publishing evaluate.json"
     assert dispatch.without_result(runs, exchange, EVALUATION) == {"us": why, "apac": why}
     # waiting for a phase's result: a run that published is done with it while it goes on running
-    runs = {"eu": SimpleNamespace(state=Running(), start_time=start), "us": SimpleNamespace(state=Running(),
-                                                                                          start_time=start)}
-    monkeypatch.setattr(dispatch, "run_states", lambda ids: runs)
-    seen, published = dispatch.wait_until_published({"eu": 1, "us": 2}, exchange, EVALUATION, timeout=0.2)
-    assert published == {"eu"} and seen == runs
+    going = {s: SimpleNamespace(id=run_ids[s], state=Running()) for s in ("eu", "us")}
+    monkeypatch.setattr(dispatch, "run_states", lambda ids: going)
+    seen, published = dispatch.wait_until_published({s: run_ids[s] for s in going}, exchange, EVALUATION,
+                                                    timeout=0.2)
+    assert published == {"eu"} and seen == going
 
 
 def test_a_failed_job_tells_waiting_site_runs_to_stop_unless_a_phase_already_did() -> None:

@@ -30,6 +30,7 @@ Ident = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,100}$")]  #
 StateName = Annotated[str, StringConstraints(
     pattern=r"^(round-\d{4,5}|champion|aggregator-round-\d{4,5}|async-\d{6,7}|async-buffer-\d{6,7})$")]
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+FlowRunId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")]
 Hash = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8,64}$")]
 Timestamp = Annotated[str, StringConstraints(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?(Z|[+-]\d\d:\d\d)?$")]
 MetricName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,39}$")]

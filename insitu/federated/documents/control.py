@@ -12,6 +12,7 @@ from insitu.federated.documents.base import (
     MAX_SHARDS,
     MAX_SITES,
     Doc,
+    FlowRunId,
     Ident,
     JobId,
     Sha256,
@@ -85,7 +86,7 @@ class Dispatch(Doc):
 
     recipient: Site
     phase: Literal["prepare", "train", "evaluate"]
-    flow_run_id: Annotated[str, Field(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")]
+    flow_run_id: FlowRunId
     parameters: DispatchedParameters
     goes_on: bool = False
     """The run waits, past this phase, for the coordinator to dispatch the job's next phase to it (one site run per

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Union
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
-from insitu.federated.documents.base import MAX_ROUNDS, Doc, Label, RanAs, Site, StateName
+from insitu.federated.documents.base import MAX_ROUNDS, Doc, FlowRunId, Label, RanAs, Site, StateName
 from insitu.specs import TASKS
 
 WITHHELD = "withheld"
@@ -80,6 +80,7 @@ class Evaluation(Doc):
     site: Site
     ran_as: RanAs
     models: Annotated[dict[StateName, MetricsOrWithheld], Field(max_length=8)]
+    flow_run_id: FlowRunId | None = None  # the site's run that scored: the coordinator counts its own runs' only
 
 
 class Validation(Doc):

@@ -20,6 +20,7 @@ from insitu.federated.documents.base import (
     Doc,
     Error,
     Feature,
+    FlowRunId,
     Hash,
     Ident,
     JobId,
@@ -89,6 +90,7 @@ class PrepareStats(Doc):
     split_counts: dict[Split, Count]
     train_stats: TrainStats
     raw_bytes: Count
+    flow_run_id: FlowRunId | None = None  # the site's run that prepared: the coordinator counts its own runs' only
 
 
 class GlobalStats(Doc):
