@@ -92,8 +92,14 @@ def test_a_phase_is_done_where_its_run_published_its_result_and_a_completed_stat
     run_ids = {s: uuid4() for s in ("eu", "us", "apac")}
     # eu's run wrote its result; us's document is an earlier attempt's (another run); apac wrote nothing
     written = {"eu": str(run_ids["eu"]), "us": str(uuid4())}
-    exchange = SimpleNamespace(exists=lambda doc, writer: writer in written,
-                               get_json=lambda doc, writer: {"flow_run_id": written[writer]})
+    from insitu.federated.kinds import ExchangeError
+
+    def get_json(doc: Any, writer: str) -> dict[str, str]:
+        if writer not in written:
+            raise ExchangeError(f"missing on the exchange: {writer}/{doc.name}")  # as Exchange says it
+        return {"flow_run_id": written[writer]}
+
+    exchange = SimpleNamespace(get_json=get_json)
     runs = {s: SimpleNamespace(id=i, state=Completed()) for s, i in run_ids.items()}
     why = "its run ended without publishing evaluate.json"
     assert dispatch.without_result(runs, exchange, EVALUATION) == {"us": why, "apac": why}
