@@ -130,6 +130,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> dict[str, Any]:  # noqa:
     with one_run_per_job(job.job_id, job.flow_run_id, job.audit):  # a second run of the job is refused at once
         stop_earlier_site_runs(job.job_id, job.flow_run_id, job.audit)  # an earlier run that died left them going
         plan = plan_job(job)
+        job.exchange.delete(ABORT)  # a re-run of an aborted job starts clean (the marker stops the sites' runs)
         with aborted_on_failure(job.exchange):  # a site's run waiting to be dispatched its next phase stops at once
             sites, prepare_runs = prepare(job, plan)
             stats = publish_global_stats(job.exchange, job.conf, sites)
@@ -202,7 +203,6 @@ def prepare(job: Job, plan: dict[str, list[str]]) -> tuple[list[str], dict[str, 
     if reused is not None:
         get_run_logger().info("job %s was prepared before on %s; reusing that preparation", job.job_id, reused)
         return reused, {}
-    job.exchange.delete(ABORT)  # a re-run of an aborted job starts clean
     # No shards: each site reads every shard its own datasets.yaml pins to it for the signed dataset.
     run_ids = start_site_runs("site-prepare", {site: dict(job.common) for site in plan}, job.pools, job.exchange,
                               goes_on=True)  # each site's one run of the job: it trains and evaluates too
@@ -233,7 +233,6 @@ def train(job: Job, sites: list[str], mlruns: dict[str, str],
     logger, training, exchange = get_run_logger(), job.training, job.exchange
     progress = create_progress_artifact(progress=0.0, key="retrain-progress",
                                         description=f"federated rounds of job {job.job_id}")
-    exchange.delete(ABORT)  # a re-run of an aborted job starts clean
     # When the phase started and when its last global model was made: the wall time of the job's updates,
     # which is what sync and async mode are compared by (bench/async_vs_sync.py, tests/e2e/test_async.py).
     marks = {"start": time.monotonic()}
