@@ -1,27 +1,60 @@
-"""The child process of an insitu worker (``python -m deployments.runner``): run one flow run.
+"""The child process of an insitu worker: run one flow run.
 
 What ``python -m prefect.engine`` does, except where the flow comes from: the flow run's *flow name*
 picks it from this actor's fixed list (``worker_policy.py``). The deployment's entrypoint, pull steps
 and storage, and ``PREFECT__FLOW_ENTRYPOINT``, are never consulted, so whoever edits a deployment
 cannot choose the code a site runs.
+
+A worker forks its runs from its fork server (``deployments/warm_start.py``: :func:`run_forked`);
+``python -m deployments.runner <flow-run-id>`` runs one in a new process (the worker's ``--cold-start``).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from uuid import UUID
 
 
 def main() -> None:
-    from prefect._internal.control_listener import configure_from_env
-    from prefect.engine import _drive_run_flow_result, engine_logger, handle_engine_signals
+    from prefect.engine import engine_logger
 
     try:
         flow_run_id = UUID(sys.argv[1] if len(sys.argv) > 1 else os.environ["PREFECT__FLOW_RUN_ID"])
     except (KeyError, ValueError):
         engine_logger.error("invalid flow run id; arguments: %s", sys.argv, exc_info=True)
         sys.exit(1)
+    run(flow_run_id)
+
+
+def run_forked(flow_run_id: str, env: dict[str, str | None], cwd: str) -> None:
+    """One flow run in a fork of the worker's fork server: the run's environment and working directory first
+    (as a new process would have been given them), Prefect's settings read again from that environment, then
+    :func:`run`; the exit functions a new process would run at its end (Prefect's log and event workers drain
+    there) are run before the fork exits."""
+    from prefect.context import SettingsContext, get_settings_context
+    from prefect.settings import Settings
+
+    for key in set(os.environ) - set(env):
+        del os.environ[key]
+    os.environ.update({k: v for k, v in env.items() if v is not None})
+    os.chdir(cwd)
+    try:
+        with SettingsContext(profile=get_settings_context().profile, settings=Settings()):
+            run(UUID(flow_run_id), forked=True)
+    finally:
+        atexit._run_exitfuncs()
+
+
+FORKED = "started as a fork of its worker's fork server (code imported when the worker started)"
+
+
+def run(flow_run_id: UUID, forked: bool = False) -> None:
+    """Run the flow run ``flow_run_id`` in this process (``forked``: a fork of the worker's fork server)."""
+    from prefect._internal.control_listener import configure_from_env
+    from prefect.engine import _drive_run_flow_result, handle_engine_signals
+
     configure_from_env()  # the worker's control channel: graceful cancellation
 
     with handle_engine_signals(flow_run_id):
@@ -34,6 +67,8 @@ def main() -> None:
 
         flow_run = load_flow_run(flow_run_id=flow_run_id)
         run_logger = flow_run_logger(flow_run=flow_run)
+        if forked:
+            run_logger.info("%s: pid %d", FORKED, os.getpid())
         try:
             if flow_run.deployment_id is None:
                 raise LookupError("the flow run has no deployment")

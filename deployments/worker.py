@@ -13,7 +13,9 @@ worker instead
   from ``worker_policy.py`` (one command, no extra environment, the checkout as working directory), so a
   deployment edited after the check changes nothing;
 * **never loads flow code from the API**: the child runs ``deployments.runner``, which imports the flow
-  from this actor's fixed list by name, and crash/cancel hooks are resolved the same way.
+  from this actor's fixed list by name, and crash/cancel hooks are resolved the same way. The child is a fork of
+  the worker's fork server, which imported that code once (``deployments/warm_start.py``); ``--cold-start``
+  starts each run as a new ``python -m deployments.runner`` instead.
 
 The actor (its pool, role and audit log) comes from the worker's own identity file, not from arguments.
 """
@@ -42,6 +44,7 @@ from prefect.workers.process import ProcessJobConfiguration, ProcessWorker, Proc
 
 from deployments import worker_policy as policy
 from deployments.poll_pace import PollPace
+from deployments.warm_start import ForkServerStarter, preload
 from insitu.governance.identity import Identity, load_identity
 
 log = logging.getLogger("insitu.worker")
@@ -89,10 +92,11 @@ class InsituWorker(ProcessWorker):
     type = "process"  # polls a "process" work pool
     job_configuration = LockedJobConfiguration
 
-    def __init__(self, identity: Identity, **kwargs: Any) -> None:
+    def __init__(self, identity: Identity, warm: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("create_pool_if_not_found", False)
         super().__init__(work_pool_name=identity.work_pool, **kwargs)
         self.identity = identity
+        self.warm = warm  # fork each run from the fork server (see deployments/warm_start.py)
         self._locked_template = policy.locked_base_job_template()
         self.pace = PollPace()
 
@@ -208,9 +212,11 @@ class InsituWorker(ProcessWorker):
         """Start the flow run's process with the locked command and wait for it to end."""
         execution: FlowRunExecutionResult | None = None
         async with FlowRunExecutorContext() as ctx:
-            starter = EngineCommandStarter(command=configuration.command, cwd=workdir, env=configuration.env,
-                                           stream_output=configuration.stream_output,
-                                           control_channel=ctx.control_channel)
+            starter: ForkServerStarter | EngineCommandStarter = \
+                ForkServerStarter(cwd=workdir, env=configuration.env, control_channel=ctx.control_channel) \
+                if self.warm else \
+                EngineCommandStarter(command=configuration.command, cwd=workdir, env=configuration.env,
+                                     stream_output=configuration.stream_output, control_channel=ctx.control_channel)
             executor = ctx.create_executor(flow_run, starter, resolve_flow=resolve_flow, propose_submitting=False)
 
             async def execute(*, task_status: anyio.abc.TaskStatus[Any] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -237,6 +243,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pool", required=True, help="must equal the pool in this actor's identity file")
     ap.add_argument("--name")
     ap.add_argument("--limit", type=int)
+    ap.add_argument("--cold-start", action="store_true",
+                    help="start each flow run as a new Python process instead of forking it from the fork server")
     args = ap.parse_args(argv)
     identity = load_identity()
     if args.pool != identity.work_pool:
@@ -244,7 +252,9 @@ def main(argv: list[str] | None = None) -> None:
                          f"(from {identity.path})")
     # As `prefect worker start`: the first SIGTERM/SIGINT stops the worker cleanly, a second kills it.
     setup_signal_handlers_worker(os.getpid(), "the insitu worker", log.info)
-    worker = InsituWorker(identity, name=args.name, limit=args.limit,
+    if not args.cold_start:  # the fork server imports the runner and the flows while the worker starts polling
+        log.info("fork server for flow runs started, importing %s", ", ".join(preload(identity.role)))
+    worker = InsituWorker(identity, warm=not args.cold_start, name=args.name, limit=args.limit,
                           prefetch_seconds=PREFECT_WORKER_PREFETCH_SECONDS.value(),
                           heartbeat_interval_seconds=int(PREFECT_WORKER_HEARTBEAT_SECONDS.value()))
     log.info("insitu worker %s for %s %r on pool %s", worker.name, identity.role, identity.actor, identity.work_pool)

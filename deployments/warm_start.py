@@ -1,0 +1,105 @@
+"""Warm starts: a worker's flow runs are forked from a process that imported their code once.
+
+A flow run's process used to be a new Python (``python -m deployments.runner``) that imported Prefect, torch,
+pandas, mlflow and the flows before it could check its identity and policy: 6-7 CPU-seconds per flow run, four
+times per job, on machines where two cores are shared by the whole platform. Instead each worker keeps a fork
+server (the standard library's ``multiprocessing`` "forkserver" context) that imports ``deployments.runner`` and
+this actor's flows once, when the worker starts; each flow run is a fork of it (tens of milliseconds) that runs
+:func:`deployments.runner.run_forked`, exactly the code the command would have run.
+
+What does not change: the fork server is a child of the worker, started with the worker's own environment (its
+identity, credentials, settings), and it listens on a socket in a directory only the worker's OS user can enter; the
+run's environment is the one :class:`prefect.runner._starter_engine.EngineCommandStarter` builds (the worker's
+environment, the locked job configuration's, the per-run keys) and nothing from the API; the flow is still picked
+by name from this actor's fixed list. The code a fork runs is the code the worker started with: a checkout
+changed under a running worker takes effect when the worker restarts (as for the worker's own code).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.context
+import multiprocessing.forkserver
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.abc
+from prefect.runner._process_manager import ProcessHandle
+from prefect.settings import get_current_settings
+from prefect.utilities.processutils import sanitize_subprocess_env
+
+from deployments import worker_policy as policy
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.runner._control_channel import ControlChannel
+
+log = logging.getLogger("insitu.worker")
+
+_CONTEXT = multiprocessing.get_context("forkserver")
+
+
+def preload_modules(role: str) -> list[str]:
+    """What the fork server of a ``role`` worker imports: the runner and the modules of the role's flows."""
+    return [policy.RUNNER_MODULE, *sorted({target.partition(":")[0] for _, target in policy.flows_for(role).values()})]
+
+
+def preload(role: str) -> list[str]:
+    """Start this process's fork server now, importing :func:`preload_modules` in it (in the server's own process:
+    the worker goes on polling while it imports). Returns the modules."""
+    modules = preload_modules(role)
+    _CONTEXT.set_forkserver_preload(modules)
+    multiprocessing.forkserver.ensure_running()
+    return modules
+
+
+def run_environment(flow_run: FlowRun, configured: dict[str, str | None],
+                    per_run: dict[str, str]) -> dict[str, str | None]:
+    """The flow run's environment, built as Prefect's engine-command starter builds a child's: this process's
+    environment, the job configuration's, the current settings, then the per-run keys."""
+    env: dict[str, str | None] = dict(os.environ)
+    env.update(configured)
+    env.update(get_current_settings().to_environment_variables(exclude_unset=True))
+    env.update({"PREFECT__FLOW_RUN_ID": str(flow_run.id), "PREFECT__ENABLE_CANCELLATION_AND_CRASHED_HOOKS": "false",
+                **per_run})
+    return dict(sanitize_subprocess_env(env))
+
+
+class ForkServerStarter:
+    """A Prefect process starter (the contract of ``EngineCommandStarter``: ``start`` hands the handle over through
+    ``task_status`` as soon as the process runs, then returns when it ended) whose process is a fork of the
+    worker's fork server running :func:`deployments.runner.run_forked`."""
+
+    def __init__(self, *, cwd: Path, env: dict[str, str | None],
+                 control_channel: ControlChannel | None = None) -> None:
+        self._cwd, self._env, self._control_channel = cwd, env, control_channel
+
+    async def start(self, flow_run: FlowRun,
+                    task_status: anyio.abc.TaskStatus[ProcessHandle] = anyio.TASK_STATUS_IGNORED) -> None:
+        from deployments.runner import run_forked
+
+        control: dict[str, str] = {}
+        if self._control_channel is not None:
+            try:  # graceful cancellation: the child connects back with this port and token
+                port, token = self._control_channel.register(flow_run.id)
+                control = {"PREFECT__CONTROL_PORT": str(port), "PREFECT__CONTROL_TOKEN": token}
+            except RuntimeError:  # the channel could not bind: cancellation falls back to a kill
+                pass
+        process = _CONTEXT.Process(target=run_forked, name=f"flow-run-{flow_run.id}",
+                                   args=(str(flow_run.id), run_environment(flow_run, self._env, control),
+                                         str(self._cwd)))
+        handed_off = False
+        try:
+            # Blocks until the fork server has forked (and, on the worker's first run, finished its imports).
+            await anyio.to_thread.run_sync(process.start)
+            task_status.started(ProcessHandle(process))
+            handed_off = True
+            await anyio.to_thread.run_sync(process.join, abandon_on_cancel=True)
+        except BaseException:
+            if control and not handed_off:
+                self._control_channel.unregister(flow_run.id)  # type: ignore[union-attr]
+            raise
+

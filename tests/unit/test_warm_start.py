@@ -1,0 +1,46 @@
+"""What a flow run forked from a worker's fork server is given: the environment a new process would have had (the
+worker's, the locked job configuration's, the per-run keys) and the runner with the actor's own flows preloaded."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from deployments import worker_policy as policy
+from deployments.warm_start import preload_modules, run_environment
+
+
+def _run() -> Any:
+    return SimpleNamespace(id=uuid.uuid4())
+
+
+def test_the_run_gets_the_workers_environment_then_the_configured_then_its_own_keys(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INSITU_TEST_WORKER_ONLY", "worker")
+    monkeypatch.setenv("INSITU_TEST_BOTH", "worker")
+    monkeypatch.setenv("PREFECT__FLOW_RUN_ID", "an-earlier-run")
+    run = _run()
+    env = run_environment(run, {"INSITU_TEST_BOTH": "configured", "INSITU_TEST_DROPPED": None},
+                          {"PREFECT__CONTROL_PORT": "4242"})
+    assert env["INSITU_TEST_WORKER_ONLY"] == "worker"
+    assert env["INSITU_TEST_BOTH"] == "configured"
+    assert "INSITU_TEST_DROPPED" not in env  # None removes a key, as for a new process
+    assert env["PREFECT__FLOW_RUN_ID"] == str(run.id)  # this run's, never the worker's or another run's
+    assert env["PREFECT__CONTROL_PORT"] == "4242"
+    assert env["PREFECT__ENABLE_CANCELLATION_AND_CRASHED_HOOKS"] == "false"
+    assert all(isinstance(v, str) for v in env.values())
+    assert set(os.environ) <= set(env)
+
+
+@pytest.mark.parametrize("role", ["site", "coordinator"])
+def test_the_fork_server_imports_the_runner_and_only_the_roles_flows(role: str) -> None:
+    modules = preload_modules(role)
+    assert modules[0] == policy.RUNNER_MODULE
+    own = {target.partition(":")[0] for _, target in policy.flows_for(role).values()}
+    assert set(modules[1:]) == own
+    other = "coordinator" if role == "site" else "site"
+    assert not own & {target.partition(":")[0] for _, target in policy.flows_for(other).values()}
