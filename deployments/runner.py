@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import threading
 from uuid import UUID
 
 
@@ -31,8 +32,9 @@ def main() -> None:
 def run_forked(flow_run_id: str, env: dict[str, str | None], cwd: str) -> None:
     """One flow run in a fork of the worker's fork server: the run's environment and working directory first
     (as a new process would have been given them), Prefect's settings read again from that environment, then
-    :func:`run`; the exit functions a new process would run at its end (Prefect's log and event workers drain
-    there) are run before the fork exits."""
+    :func:`run`. A fork ends with ``os._exit``: what an interpreter does at its end is done here, in its order
+    (threading's shutdown, where Prefect's log and event workers drain and other threads are joined, then the
+    ``atexit`` functions: logging's and MLflow's)."""
     from prefect.context import SettingsContext, get_settings_context
     from prefect.settings import Settings
 
@@ -44,6 +46,7 @@ def run_forked(flow_run_id: str, env: dict[str, str | None], cwd: str) -> None:
         with SettingsContext(profile=get_settings_context().profile, settings=Settings()):
             run(UUID(flow_run_id), forked=True)
     finally:
+        threading._shutdown()  # type: ignore[attr-defined]
         atexit._run_exitfuncs()
 
 

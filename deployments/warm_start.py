@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.context
 import multiprocessing.forkserver
+import multiprocessing.process
 import os
+import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,11 +44,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("insitu.worker")
 
 _CONTEXT = multiprocessing.get_context("forkserver")
+# Starting a process polls every child's status pipe (multiprocessing's _cleanup): two threads reading one pipe at
+# once could each see it readable, and the one that reads nothing records the exit code 255. Starts and exit-code
+# reads of this process's runs are serialised by this lock.
+_CHILDREN = threading.Lock()
+LOST_STATUS = 255  # what multiprocessing reports when the fork server's status pipe closed without a status
 
 
 def preload_modules(role: str) -> list[str]:
-    """What the fork server of a ``role`` worker imports: the runner and the modules of the role's flows."""
-    return [policy.RUNNER_MODULE, *sorted({target.partition(":")[0] for _, target in policy.flows_for(role).values()})]
+    """What the fork server of a ``role`` worker imports: the runner, the modules of the role's flows, and the
+    worker's own module (a fork runs the parent's ``__main__`` module again as ``__mp_main__``: its imports are then
+    found done)."""
+    flows = sorted({target.partition(":")[0] for _, target in policy.flows_for(role).values()})
+    return [policy.RUNNER_MODULE, *flows, "deployments.worker"]
 
 
 def preload(role: str) -> list[str]:
@@ -94,12 +106,42 @@ class ForkServerStarter:
         handed_off = False
         try:
             # Blocks until the fork server has forked (and, on the worker's first run, finished its imports).
-            await anyio.to_thread.run_sync(process.start)
+            await anyio.to_thread.run_sync(_start, process)
             task_status.started(ProcessHandle(process))
             handed_off = True
-            await anyio.to_thread.run_sync(process.join, abandon_on_cancel=True)
+            await anyio.to_thread.run_sync(_wait, process, abandon_on_cancel=True)
         except BaseException:
             if control and not handed_off:
                 self._control_channel.unregister(flow_run.id)  # type: ignore[union-attr]
             raise
 
+
+
+def _start(process: multiprocessing.process.BaseProcess) -> None:
+    with _CHILDREN:
+        process.start()
+
+
+def _wait(process: multiprocessing.process.BaseProcess) -> int | None:
+    """Wait until ``process`` ended; its exit code. When the fork server died first (``insitu down`` signals a
+    worker's whole process tree; an operator or the OOM killer may kill the server alone), multiprocessing reports
+    255 at once while the run may still be going: it is then waited for by its pid, so the executor does not
+    report a running flow Crashed and drop its cancellation channel."""
+    multiprocessing.connection.wait([process.sentinel])
+    with _CHILDREN:
+        process.join()
+        code = process.exitcode
+    if code == LOST_STATUS and process.pid is not None:
+        while _alive(process.pid):
+            time.sleep(0.5)
+    return code
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process took the pid: ours is gone
+        return False
+    return True

@@ -41,6 +41,32 @@ def test_the_fork_server_imports_the_runner_and_only_the_roles_flows(role: str) 
     modules = preload_modules(role)
     assert modules[0] == policy.RUNNER_MODULE
     own = {target.partition(":")[0] for _, target in policy.flows_for(role).values()}
-    assert set(modules[1:]) == own
+    assert set(modules[1:]) == own | {"deployments.worker"}  # the worker's own module: a fork runs it as __mp_main__
     other = "coordinator" if role == "site" else "site"
     assert not own & {target.partition(":")[0] for _, target in policy.flows_for(other).values()}
+
+
+def test_a_run_whose_fork_server_died_is_waited_for_by_its_pid_and_the_next_run_gets_a_new_server() -> None:
+    """multiprocessing reports 255 at once when the fork server's status pipe closes: the run itself may still be
+    going, and the starter must not return (the executor would report it Crashed) until its pid is gone."""
+    import multiprocessing
+    import signal
+    import time
+
+    from deployments import warm_start
+
+    ctx = multiprocessing.get_context("forkserver")
+    process = ctx.Process(target=time.sleep, args=(3,))
+    warm_start._start(process)
+    server = multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    assert server is not None
+    os.kill(server, signal.SIGKILL)  # the server alone: its fork keeps sleeping
+    started = time.monotonic()
+    code = warm_start._wait(process)
+    assert code == warm_start.LOST_STATUS
+    assert time.monotonic() - started > 1.5, "returned while the run was still going"
+    assert process.pid is not None and not warm_start._alive(process.pid)
+    # the worker's next run starts a new fork server (multiprocessing sees the old one dead)
+    again = ctx.Process(target=time.sleep, args=(0,))
+    warm_start._start(again)
+    assert warm_start._wait(again) == 0
