@@ -5,8 +5,9 @@ picks it from this actor's fixed list (``worker_policy.py``). The deployment's e
 and storage, and ``PREFECT__FLOW_ENTRYPOINT``, are never consulted, so whoever edits a deployment
 cannot choose the code a site runs.
 
-A worker forks its runs from its fork server (``deployments/warm_start.py``: :func:`run_forked`);
-``python -m deployments.runner <flow-run-id>`` runs one in a new process (the worker's ``--cold-start``).
+A worker started with ``--warm-start`` forks its runs from its fork server
+(``deployments/warm_start.py``: :func:`run_forked`);
+``python -m deployments.runner <flow-run-id>`` runs one in a new process (the default).
 """
 
 from __future__ import annotations
