@@ -1,8 +1,9 @@
 """Warm starts: a worker's flow runs are forked from a process that imported their code once.
 
-A flow run's process used to be a new Python (``python -m deployments.runner``) that imported Prefect, torch,
-pandas, mlflow and the flows before it could check its identity and policy: 6-7 CPU-seconds per flow run, four
-times per job, on machines where two cores are shared by the whole platform. Instead each worker keeps a fork
+By default a flow run's process is a new Python (``python -m deployments.runner``) that imports Prefect, torch,
+pandas, mlflow and the flows before it can check its identity and policy: 6-8 CPU-seconds per flow run, four
+times per job, on machines where two cores are shared by the whole platform. A worker started with
+``--warm-start`` (experimental: in CI a run cancelled within its first second stayed Running) instead keeps a fork
 server (the standard library's ``multiprocessing`` "forkserver" context) that imports ``deployments.runner`` and
 this actor's flows once, when the worker starts; each flow run is a fork of it (tens of milliseconds) that runs
 :func:`deployments.runner.run_forked`, exactly the code the command would have run.
@@ -17,7 +18,6 @@ changed under a running worker takes effect when the worker restarts (as for the
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.context
@@ -40,8 +40,6 @@ from deployments import worker_policy as policy
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
     from prefect.runner._control_channel import ControlChannel
-
-log = logging.getLogger("insitu.worker")
 
 _CONTEXT = multiprocessing.get_context("forkserver")
 # Starting a process polls every child's status pipe (multiprocessing's _cleanup): two threads reading one pipe at
@@ -114,7 +112,6 @@ class ForkServerStarter:
             if control and not handed_off:
                 self._control_channel.unregister(flow_run.id)  # type: ignore[union-attr]
             raise
-
 
 
 def _start(process: multiprocessing.process.BaseProcess) -> None:
