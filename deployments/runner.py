@@ -5,9 +5,8 @@ picks it from this actor's fixed list (``worker_policy.py``). The deployment's e
 and storage, and ``PREFECT__FLOW_ENTRYPOINT``, are never consulted, so whoever edits a deployment
 cannot choose the code a site runs.
 
-A worker started with ``--warm-start`` forks its runs from its fork server
-(``deployments/warm_start.py``: :func:`run_forked`);
-``python -m deployments.runner <flow-run-id>`` runs one in a new process (the default).
+A worker forks its runs from its fork server (``deployments/warm_start.py``: :func:`run_forked`);
+``python -m deployments.runner <flow-run-id>`` runs one in a new process (the worker's ``--cold-start``).
 """
 
 from __future__ import annotations
@@ -16,7 +15,11 @@ import atexit
 import os
 import sys
 import threading
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
 
 
 def main() -> None:
@@ -73,6 +76,8 @@ def run(flow_run_id: UUID, forked: bool = False) -> None:
         run_logger = flow_run_logger(flow_run=flow_run)
         if forked:
             run_logger.info("%s: pid %d", FORKED, os.getpid())
+        if stopped_before_start(flow_run, run_logger):
+            return
         try:
             if flow_run.deployment_id is None:
                 raise LookupError("the flow run has no deployment")
@@ -84,6 +89,26 @@ def run(flow_run_id: UUID, forked: bool = False) -> None:
             raise
         with RunMetrics(flow_run, flow):
             _drive_run_flow_result(flow, run_flow(flow, flow_run=flow_run, error_logger=run_logger))
+
+
+def stopped_before_start(flow_run: FlowRun, run_logger: Any) -> bool:
+    """Whether ``flow_run`` was cancelled (or otherwise ended) between its worker's pick-up and this process: it is
+    then not run. Prefect's server lets a Cancelled run go back to Running (an ad-hoc re-run does), so a run the
+    coordinator cancelled while it was Pending would otherwise be brought back by its own engine's first proposal.
+    A Cancelling one is marked Cancelled here (its process is the infrastructure the cancellation waits for)."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled
+
+    state = flow_run.state
+    if state is None or not (state.is_final() or state.is_cancelling()):
+        return False
+    run_logger.warning("flow run %s is %s before its process started (%s): not run", flow_run.id, state.name,
+                       state.message or "no message")
+    if state.is_cancelling():
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(flow_run.id, Cancelled(message=f"cancelled before it started: {state.message}"),
+                                      force=True)
+    return True
 
 
 if __name__ == "__main__":

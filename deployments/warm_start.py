@@ -1,10 +1,9 @@
 """Warm starts: a worker's flow runs are forked from a process that imported their code once.
 
-By default a flow run's process is a new Python (``python -m deployments.runner``) that imports Prefect, torch,
-pandas, mlflow and the flows before it can check its identity and policy: 6-8 CPU-seconds per flow run, four
-times per job, on machines where two cores are shared by the whole platform. A worker started with
-``--warm-start`` (experimental: in CI a run cancelled within its first second stayed Running) instead keeps a fork
-server (the standard library's ``multiprocessing`` "forkserver" context) that imports ``deployments.runner`` and
+A flow run's process as a new Python (``python -m deployments.runner``, the worker's ``--cold-start``) imports
+Prefect, torch, pandas, mlflow and the flows before it can check its identity and policy: 6-8 CPU-seconds per flow
+run, four times per job, on machines where two cores are shared by the whole platform. Instead each worker keeps a
+fork server (the standard library's ``multiprocessing`` "forkserver" context) that imports ``deployments.runner`` and
 this actor's flows once, when the worker starts; each flow run is a fork of it (tens of milliseconds) that runs
 :func:`deployments.runner.run_forked`, exactly the code the command would have run.
 

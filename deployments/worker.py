@@ -13,8 +13,9 @@ worker instead
   from ``worker_policy.py`` (one command, no extra environment, the checkout as working directory), so a
   deployment edited after the check changes nothing;
 * **never loads flow code from the API**: the child runs ``deployments.runner``, which imports the flow
-  from this actor's fixed list by name, and crash/cancel hooks are resolved the same way. With ``--warm-start``
-  the child is a fork of the worker's fork server, which imported that code once (``deployments/warm_start.py``).
+  from this actor's fixed list by name, and crash/cancel hooks are resolved the same way. The child is a fork of
+  the worker's fork server, which imported that code once (``deployments/warm_start.py``); ``--cold-start``
+  starts each run as a new ``python -m deployments.runner`` instead.
 
 The actor (its pool, role and audit log) comes from the worker's own identity file, not from arguments.
 """
@@ -91,7 +92,7 @@ class InsituWorker(ProcessWorker):
     type = "process"  # polls a "process" work pool
     job_configuration = LockedJobConfiguration
 
-    def __init__(self, identity: Identity, warm: bool = False, **kwargs: Any) -> None:
+    def __init__(self, identity: Identity, warm: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("create_pool_if_not_found", False)
         super().__init__(work_pool_name=identity.work_pool, **kwargs)
         self.identity = identity
@@ -242,10 +243,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pool", required=True, help="must equal the pool in this actor's identity file")
     ap.add_argument("--name")
     ap.add_argument("--limit", type=int)
-    # Off by default: in CI a site run cancelled within its first second (a fork is Running almost at once, where a
-    # new Python was still Pending and the worker killed it) stayed Running; see docs/operations.md.
-    ap.add_argument("--warm-start", action="store_true",
-                    help="fork each flow run from a fork server that imported the flows once (experimental)")
+    ap.add_argument("--cold-start", action="store_true",
+                    help="start each flow run as a new Python process instead of forking it from the fork server")
     args = ap.parse_args(argv)
     identity = load_identity()
     if args.pool != identity.work_pool:
@@ -253,9 +252,9 @@ def main(argv: list[str] | None = None) -> None:
                          f"(from {identity.path})")
     # As `prefect worker start`: the first SIGTERM/SIGINT stops the worker cleanly, a second kills it.
     setup_signal_handlers_worker(os.getpid(), "the insitu worker", log.info)
-    if args.warm_start:  # the fork server imports the runner and the flows while the worker starts polling
+    if not args.cold_start:  # the fork server imports the runner and the flows while the worker starts polling
         log.info("fork server for flow runs started, importing %s", ", ".join(preload(identity.role)))
-    worker = InsituWorker(identity, warm=args.warm_start, name=args.name, limit=args.limit,
+    worker = InsituWorker(identity, warm=not args.cold_start, name=args.name, limit=args.limit,
                           prefetch_seconds=PREFECT_WORKER_PREFETCH_SECONDS.value(),
                           heartbeat_interval_seconds=int(PREFECT_WORKER_HEARTBEAT_SECONDS.value()))
     log.info("insitu worker %s for %s %r on pool %s", worker.name, identity.role, identity.actor, identity.work_pool)

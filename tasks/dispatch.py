@@ -202,8 +202,10 @@ def explained(e: Exception, ids: dict[str, UUID], phase: str = "training") -> tu
 
 
 def cancel_runs(ids: dict[str, UUID]) -> list[str]:
-    """Stop these runs (a site left out of a phase must not keep its workers busy): a run that has not started
-    is cancelled at once (no worker would ever act on its Cancelling state), a running one is asked to stop.
+    """Stop these runs (a site left out of a phase must not keep its workers busy): a run no worker has picked up
+    (Scheduled) is cancelled at once (no worker would ever act on its Cancelling state, and none can take it up
+    after); one a worker holds (Pending, Running, Paused) is set Cancelling, for its worker to stop its process
+    (a Pending run forced Cancelled would be brought back to Running by its process's engine).
 
     Returns the keys of the runs it cancelled: a run that ended between the last look and now is left alone
     (and is not late)."""
@@ -217,8 +219,8 @@ def cancel_runs(ids: dict[str, UUID]) -> list[str]:
             if state is not None and state.is_final():
                 continue
             cancelled.append(key)
-            started = state is not None and (state.is_running() or state.is_paused())
-            client.set_flow_run_state(run_id, Cancelling(message=why) if started else Cancelled(message=why),
+            held = state is not None and not state.is_scheduled()
+            client.set_flow_run_state(run_id, Cancelling(message=why) if held else Cancelled(message=why),
                                       force=True)
     return cancelled
 

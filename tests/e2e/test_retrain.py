@@ -27,6 +27,7 @@ from platform_helpers import (
 from prefect.client.orchestration import get_client
 
 from deployments.platform import Platform
+from deployments.runner import FORKED
 from insitu.governance.audit import read_events, verify
 
 pytestmark = pytest.mark.e2e
@@ -54,6 +55,7 @@ def test_the_schedule_of_datasets_yaml_is_deployed_with_its_parameters(deployed:
 def test_retrain_completes(job: dict[str, Any]) -> None:
     fr = job["flow_run"]
     assert fr.state.is_completed(), fr.state.message
+    assert any(FORKED in m for m in flow_run_logs([fr.id])), "the coordinator's run was not a warm start"
 
 
 def test_site_runs_ran_on_their_own_site_workers(deployed: Platform, job: dict[str, Any]) -> None:
@@ -66,6 +68,8 @@ def test_site_runs_ran_on_their_own_site_workers(deployed: Platform, job: dict[s
         assert r.work_pool_name == f"insitu-{site}"
         logs = flow_run_logs([r.id])
         assert any(f"Worker 'insitu-{site}-worker' submitting" in m for m in logs), logs[:5]
+        # a warm start: forked from the site worker's fork server, not a new Python importing everything again
+        assert any(FORKED in m for m in logs), logs[:8]
         # the site's own identity, and its own policy's decision on the request the job carried
         assert any(f"site={site} pool=insitu-{site}" in m and f"site '{site}' admits" in m
                    and "for 'alice'" in m for m in logs), logs

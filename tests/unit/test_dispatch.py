@@ -125,3 +125,38 @@ def test_a_failed_job_tells_waiting_site_runs_to_stop_unless_a_phase_already_did
     with dispatch.aborted_on_failure(exchange):
         pass
     assert len(marks) == 1
+
+
+# --------------------------------------------------------------------------- stopping a late site's run
+class _States:
+    """A client that knows each run's state and records what is set."""
+
+    def __init__(self, states: dict[Any, Any]) -> None:
+        self.states, self.set = states, {}
+
+    def __enter__(self) -> _States:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def read_flow_run(self, run_id: Any) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(state=self.states[run_id])
+
+    def set_flow_run_state(self, run_id: Any, state: Any, force: bool = False) -> None:
+        assert force
+        self.set[run_id] = state.type.value
+
+
+def test_a_run_a_worker_holds_is_set_cancelling_and_only_an_unclaimed_one_cancelled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Pending run is its worker's: forced Cancelled, its process's engine would bring it back to Running (the
+    server lets a Cancelled run run again), so its worker is asked to stop it like a Running one."""
+    from prefect.states import Completed, Pending, Running, Scheduled
+
+    client = _States({"scheduled": Scheduled(), "pending": Pending(), "running": Running(), "done": Completed()})
+    monkeypatch.setattr(dispatch, "get_client", lambda sync_client: client)
+    assert dispatch.cancel_runs({k: k for k in client.states}) == ["scheduled", "pending", "running"]
+    assert client.set == {"scheduled": "CANCELLED", "pending": "CANCELLING", "running": "CANCELLING"}

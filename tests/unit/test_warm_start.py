@@ -70,3 +70,21 @@ def test_a_run_whose_fork_server_died_is_waited_for_by_its_pid_and_the_next_run_
     again = ctx.Process(target=time.sleep, args=(0,))
     warm_start._start(again)
     assert warm_start._wait(again) == 0
+
+
+@pytest.mark.parametrize(("state", "stopped"), [("Pending", False), ("Running", False), ("Cancelled", True),
+                                                ("Completed", True), ("Failed", True), ("Crashed", True)])
+def test_a_run_that_ended_before_its_process_started_is_not_run(state: str, stopped: bool,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """Prefect's server lets a Cancelled run go back to Running: a site run the coordinator cancelled while its
+    worker held it (Pending) would be brought back by its own engine. The runner looks first (a Cancelling one is
+    marked Cancelled: an API call, covered by the e2e test of a stalled prepare)."""
+    import logging
+
+    import prefect.states
+
+    from deployments.runner import stopped_before_start
+
+    run = SimpleNamespace(id=uuid.uuid4(), state=getattr(prefect.states, state)(message="left out"))
+    assert stopped_before_start(run, logging.getLogger("test")) is stopped  # type: ignore[arg-type]
+    assert ("not run" in caplog.text) is stopped
