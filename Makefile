@@ -25,9 +25,20 @@ postgres:
 demo: $(STAMP) postgres
 	$(BIN)/insitu demo
 
+# Two streams at once: the tests on the one shared platform (tests/conftest.py marks them shared_platform), which
+# leave about a quarter of two cores idle while they wait on its jobs, and beside them every other test (unit,
+# parallel, bench smoke, the tests that start a platform of their own). Both must pass; the second one's report
+# is printed after the first's.
 test: $(STAMP) postgres
 	$(BIN)/ruff check .
-	TMPDIR=$${TMPDIR:-/tmp} $(BIN)/pytest -v -rs --durations=15
+	@export TMPDIR=$${TMPDIR:-/tmp}; beside_log=$$(mktemp); \
+	$(BIN)/pytest -v -rs --durations=10 -p no:cacheprovider -m "not shared_platform" > $$beside_log 2>&1 & beside=$$!; \
+	trap 'kill -INT $$beside 2>/dev/null' INT TERM; \
+	$(BIN)/pytest -v -rs --durations=15 -m shared_platform; shared=$$?; \
+	wait $$beside; rest=$$?; \
+	echo "======== the tests beside the shared platform (pytest -m 'not shared_platform'): exit $$rest"; \
+	cat $$beside_log; rm -f $$beside_log; \
+	test $$shared = 0 && test $$rest = 0
 
 unit: $(STAMP)
 	$(BIN)/pytest -q -m "not e2e"

@@ -16,6 +16,14 @@ import pytest
 from deployments.platform import REPO, Platform
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses the shared platform: ``make test`` runs those in one stream and every other test
+    beside them, at once."""
+    for item in items:
+        if "platform" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.shared_platform)
+
+
 @pytest.fixture(scope="session")
 def platform() -> Iterator[Platform]:
     # Not under pytest's basetemp: pytest makes `pytest-of-<user>` private (0700) whenever a session starts,
