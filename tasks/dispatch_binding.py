@@ -11,6 +11,7 @@ from typing import Any
 from insitu.federated.exchange import Exchange
 from insitu.federated.kinds import COORDINATOR, ExchangeError
 from insitu.federated.paths import dispatch
+from insitu.federated.polling import backoff
 from insitu.governance.audit_service import Auditor
 from insitu.governance.dispatch import (
     WAIT_S,
@@ -29,6 +30,7 @@ def read_dispatch(exchange: Exchange, phase: str, site: str, flow_run_id: str | 
     whatever is there: None when nothing, or a malformed document)."""
     doc = dispatch(phase, site)
     deadline = time.monotonic() + (wait_s if flow_run_id else 0)
+    pause = backoff(0.5)  # the coordinator writes it just after creating the run: usually seen at the first looks
     while True:
         record = None
         try:
@@ -38,7 +40,7 @@ def read_dispatch(exchange: Exchange, phase: str, site: str, flow_run_id: str | 
             record = None
         if (record and record.get("flow_run_id") == flow_run_id) or time.monotonic() >= deadline:
             return record
-        time.sleep(0.5)
+        time.sleep(min(next(pause), max(0.0, deadline - time.monotonic())))
 
 
 def _recorded(store: Store, key: str) -> dict[str, Any] | None:
