@@ -67,6 +67,7 @@ def run(flow_run_id: UUID, forked: bool = False) -> None:
     with handle_engine_signals(flow_run_id):
         from prefect._internal.metrics import RunMetrics
         from prefect.client.orchestration import get_client
+        from prefect.exceptions import UnfinishedRun
         from prefect.flow_engine import flow_run_logger, load_flow_run, run_flow
 
         from deployments.worker_policy import load_flow
@@ -88,26 +89,31 @@ def run(flow_run_id: UUID, forked: bool = False) -> None:
             run_logger.error("insitu runner refused to load the flow", exc_info=True)
             raise
         with RunMetrics(flow_run, flow):
-            _drive_run_flow_result(flow, run_flow(flow, flow_run=flow_run, error_logger=run_logger))
+            try:
+                _drive_run_flow_result(flow, run_flow(flow, flow_run=flow_run, error_logger=run_logger))
+            except UnfinishedRun:  # its Running refused: set Cancelling after the look above, before the engine's
+                if not stopped_before_start(load_flow_run(flow_run_id=flow_run_id), run_logger):  # first proposal
+                    raise
 
 
 def stopped_before_start(flow_run: FlowRun, run_logger: Any) -> bool:
-    """Whether ``flow_run`` was cancelled (or otherwise ended) between its worker's pick-up and this process: it is
-    then not run. Prefect's server lets a Cancelled run go back to Running (an ad-hoc re-run does), so a run the
-    coordinator cancelled while it was Pending would otherwise be brought back by its own engine's first proposal.
-    A Cancelling one is marked Cancelled here (its process is the infrastructure the cancellation waits for)."""
+    """Whether ``flow_run`` was cancelled (or otherwise ended) between its worker's pick-up and its engine's first
+    state: it is then not run. Prefect's server lets a Cancelled run go back to Running (an ad-hoc re-run does), and
+    a Cancelling one whose process ends without running stays Cancelling (nothing else finalises it: the worker's
+    cancellation observer only acts on a process it still tracks), so a Cancelling one is marked Cancelled here."""
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelled
 
     state = flow_run.state
     if state is None or not (state.is_final() or state.is_cancelling()):
         return False
-    run_logger.warning("flow run %s is %s before its process started (%s): not run", flow_run.id, state.name,
-                       state.message or "no message")
+    run_logger.warning("flow run %s is %s before it started (%s): not run", flow_run.id, state.name,
+                       state.message or "no reason given")
     if state.is_cancelling():
         with get_client(sync_client=True) as client:
-            client.set_flow_run_state(flow_run.id, Cancelled(message=f"cancelled before it started: {state.message}"),
-                                      force=True)
+            # not forced: Cancelling -> Cancelled is the one transition the server allows out of Cancelling
+            client.set_flow_run_state(flow_run.id, Cancelled(
+                message=f"cancelled before it started: {state.message or 'no reason given'}"))
     return True
 
 

@@ -202,14 +202,16 @@ def explained(e: Exception, ids: dict[str, UUID], phase: str = "training") -> tu
 
 
 def cancel_runs(ids: dict[str, UUID]) -> list[str]:
-    """Stop these runs (a site left out of a phase must not keep its workers busy): a run no worker has picked up
-    (Scheduled) is cancelled at once (no worker would ever act on its Cancelling state, and none can take it up
-    after); one a worker holds (Pending, Running, Paused) is set Cancelling, for its worker to stop its process
-    (a Pending run forced Cancelled would be brought back to Running by its process's engine).
+    """Stop these runs (a site left out of a phase must not keep its workers busy): each is set Cancelling. The
+    server turns a run no worker has picked up (Scheduled, no process) into Cancelled at once, under its row lock,
+    so a worker picking it up at that moment cannot start it; a run a worker holds (Pending, Running) is stopped by
+    its process: the runner does not run a flow run it finds Cancelling, and a running one gets the worker's
+    cancellation (SIGTERM). Never forced straight to Cancelled: Prefect's server lets a Cancelled run go back to
+    Running, so a Pending run forced Cancelled would be brought back by its own engine.
 
     Returns the keys of the runs it cancelled: a run that ended between the last look and now is left alone
     (and is not late)."""
-    from prefect.states import Cancelled, Cancelling
+    from prefect.states import Cancelling
 
     why = "left out: missed the phase's deadline"
     cancelled: list[str] = []
@@ -219,9 +221,8 @@ def cancel_runs(ids: dict[str, UUID]) -> list[str]:
             if state is not None and state.is_final():
                 continue
             cancelled.append(key)
-            held = state is not None and not state.is_scheduled()
-            client.set_flow_run_state(run_id, Cancelling(message=why) if held else Cancelled(message=why),
-                                      force=True)
+            # forced: the server's minimal policy, whose one rule here cancels a Scheduled run without a process
+            client.set_flow_run_state(run_id, Cancelling(message=why), force=True)
     return cancelled
 
 

@@ -129,7 +129,8 @@ def _refuse(job_id: str, flow_run_id: str | None, audit: Auditor, others: list[F
 
 
 SITE_FLOWS = [f"site-{action}" for action in ACTIONS]  # a site's flow per action a request may grant
-STOP_WAIT_S = 90.0  # a running site run stops when its site's worker acts on Cancelling (it polls every second)
+STOP_WAIT_S = 90.0  # a running site run stops when its worker's cancellation observer acts on Cancelling; one
+# whose site's worker is down stays Cancelling until the worker is back
 
 
 def stop_earlier_site_runs(job_id: str, flow_run_id: str | None, audit: Auditor) -> list[str]:
@@ -141,7 +142,7 @@ def stop_earlier_site_runs(job_id: str, flow_run_id: str | None, audit: Auditor)
     run of the job is live: every site run of the job still active is a leftover. Audited as
     ``job.earlier-site-runs-cancelled``; returns the cancelled runs' ids.
     """
-    from prefect.states import Cancelled, Cancelling
+    from prefect.states import Cancelling
 
     with get_client(sync_client=True) as c:
         # the server narrows by name (a site run is named <flow>-<site>-<job id>); the parameter decides
@@ -151,9 +152,8 @@ def stop_earlier_site_runs(job_id: str, flow_run_id: str | None, audit: Auditor)
                                                                   type=FlowRunFilterStateType(any_=ACTIVE))))
         left = [r for r in runs if (r.parameters or {}).get("job_id") == job_id]
         why = f"left by an earlier run of job {job_id} that ended without ending them; the re-run starts its own"
-        for r in left:
-            started = r.state is not None and (r.state.is_running() or r.state.is_paused() or r.state.is_cancelling())
-            c.set_flow_run_state(r.id, Cancelling(message=why) if started else Cancelled(message=why), force=True)
+        for r in left:  # as tasks.dispatch.cancel_runs: the server cancels a Scheduled one at once
+            c.set_flow_run_state(r.id, Cancelling(message=why), force=True)
         if left:
             audit.append("job.earlier-site-runs-cancelled", job_id=job_id, flow_run_id=flow_run_id,
                          runs=[f"{r.name} ({r.id})" for r in left])

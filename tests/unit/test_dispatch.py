@@ -150,13 +150,13 @@ class _States:
         self.set[run_id] = state.type.value
 
 
-def test_a_run_a_worker_holds_is_set_cancelling_and_only_an_unclaimed_one_cancelled(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A Pending run is its worker's: forced Cancelled, its process's engine would bring it back to Running (the
-    server lets a Cancelled run run again), so its worker is asked to stop it like a Running one."""
+def test_every_run_still_going_is_set_cancelling_never_forced_cancelled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run forced Cancelled while its worker holds it (Pending) would be brought back to Running by its process's
+    engine (the server lets a Cancelled run run again); Cancelling, the server cancels a Scheduled run without a
+    process itself, and the runner does not run one it finds Cancelling. A run that ended is left alone."""
     from prefect.states import Completed, Pending, Running, Scheduled
 
     client = _States({"scheduled": Scheduled(), "pending": Pending(), "running": Running(), "done": Completed()})
     monkeypatch.setattr(dispatch, "get_client", lambda sync_client: client)
     assert dispatch.cancel_runs({k: k for k in client.states}) == ["scheduled", "pending", "running"]
-    assert client.set == {"scheduled": "CANCELLED", "pending": "CANCELLING", "running": "CANCELLING"}
+    assert client.set == {"scheduled": "CANCELLING", "pending": "CANCELLING", "running": "CANCELLING"}
