@@ -28,14 +28,17 @@ demo: $(STAMP) postgres
 # Two streams at once: the tests on the one shared platform (tests/conftest.py marks them shared_platform), which
 # leave about a quarter of two cores idle while they wait on its jobs, and beside them every other test (unit,
 # parallel, bench smoke, the tests that start a platform of their own). Both must pass; the second one's report
-# is printed after the first's.
+# is printed after the first's. A background command ignores Ctrl-C (POSIX, without job control): the second
+# stream puts Python's handler back, so Ctrl-C stops both, each tearing its platforms down.
+BESIDE := import signal, sys, pytest; signal.signal(signal.SIGINT, signal.default_int_handler); sys.exit(pytest.main(sys.argv[1:]))
 test: $(STAMP) postgres
 	$(BIN)/ruff check .
-	@export TMPDIR=$${TMPDIR:-/tmp}; beside_log=$$(mktemp); \
-	$(BIN)/pytest -v -rs --durations=10 -p no:cacheprovider -m "not shared_platform" > $$beside_log 2>&1 & beside=$$!; \
-	trap 'kill -INT $$beside 2>/dev/null' INT TERM; \
+	@export TMPDIR=$${TMPDIR:-/tmp}; beside_log=$$(mktemp); trap : INT; \
+	echo "make test: pytest -m shared_platform here; pytest -m 'not shared_platform' beside it, into $$beside_log"; \
+	$(BIN)/python -c '$(BESIDE)' -v -rs --durations=15 -p no:cacheprovider -m "not shared_platform" \
+	  > $$beside_log 2>&1 & beside=$$!; \
 	$(BIN)/pytest -v -rs --durations=15 -m shared_platform; shared=$$?; \
-	wait $$beside; rest=$$?; \
+	wait $$beside; rest=$$?; while kill -0 $$beside 2>/dev/null; do wait $$beside; rest=$$?; done; \
 	echo "======== the tests beside the shared platform (pytest -m 'not shared_platform'): exit $$rest"; \
 	cat $$beside_log; rm -f $$beside_log; \
 	test $$shared = 0 && test $$rest = 0

@@ -18,7 +18,7 @@ from prefect.schedules import Cron, Schedule
 
 from deployments.unresponsive import ensure_unresponsive_runs_crash
 from deployments.worker_policy import COORDINATOR_FLOWS, SITE_FLOWS
-from insitu.conf import DatasetsConfig, ScheduleConfig, SitesConfig, load_training
+from insitu.conf import ConfigError, DatasetsConfig, ScheduleConfig, SitesConfig, load_training
 from tasks.promotion import ensure_registry_lock
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,13 @@ def deploy_all(sites: SitesConfig, datasets: DatasetsConfig, source: Path = REPO
     ).apply()
     names.append("retrain/coordinator")
     for cfg in sorted((source / "conf" / "training").glob("*.yaml")):
-        ensure_registry_lock(load_training(cfg).registry.model_name)
+        try:
+            model_name = load_training(cfg).registry.model_name
+        except ConfigError:
+            if cfg.exists():
+                raise
+            continue  # removed since it was listed (another command's config, gone): nothing to lock
+        ensure_registry_lock(model_name)
     ensure_unresponsive_runs_crash()  # a job whose coordinator's host died can be re-run by its id
     log.info("deployed %s", names)
     return names

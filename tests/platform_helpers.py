@@ -182,7 +182,9 @@ def write_training(directory: Path, name: str, cfg: dict[str, Any]) -> Path:
     """``cfg`` written as ``<directory>/<name>.yaml``: a run may name only configs of the platform's
     ``conf/training/`` (the ``shared_conf`` fixture), so that is where ``directory`` is."""
     path = directory / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    part = directory / f".{name}.yaml.part"  # renamed into place whole: a test beside this one (make test's other
+    part.write_text(yaml.safe_dump(cfg))    # stream) may list and read the directory at any moment
+    part.replace(path)
     return path
 
 

@@ -227,7 +227,7 @@ def test_a_mistake_met_by_several_checks_is_reported_once() -> None:
 
 def test_validate_reports_a_dataset_typo_once(tmp_path: Path) -> None:
     conf = tmp_path / "conf"
-    shutil.copytree(REPO / "conf", conf, ignore=shutil.ignore_patterns("e2e-*"))
+    shutil.copytree(REPO / "conf", conf, ignore=shutil.ignore_patterns("e2e-*", ".e2e-*"))
     datasets = conf / "datasets.yaml"
     datasets.write_text(datasets.read_text().replace("label: is_fraud", "label: is_frud", 1))
     report = check_conf(conf)

@@ -39,7 +39,7 @@ def test_a_new_task_model_aggregator_and_strategy_are_one_file_each(tmp_path: Pa
     for target, source in DUMMIES.items():
         shutil.copy(SEAMS / source, tmp_path / target)
     conf = tmp_path / "conf"
-    shutil.copytree(REPO / "conf", conf)
+    shutil.copytree(REPO / "conf", conf, ignore=shutil.ignore_patterns("e2e-*", ".e2e-*"))  # the e2e tests' own
     (conf / "training" / "dummy.yaml").write_text(TRAINING)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, str(SEAMS / "run_dummy_job.py"), str(conf), str(tmp_path / "store")],

@@ -48,7 +48,7 @@ def test_poisson_refuses_a_label_that_may_be_negative(label_min: float | None) -
 
 def test_a_training_config_with_poisson_on_a_label_without_min_is_refused_at_load(tmp_path: Path) -> None:
     conf = tmp_path / "conf"
-    shutil.copytree(REPO / "conf", conf, ignore=shutil.ignore_patterns("e2e-*"))
+    shutil.copytree(REPO / "conf", conf, ignore=shutil.ignore_patterns("e2e-*", ".e2e-*"))
     datasets = yaml.safe_load((conf / "datasets.yaml").read_text())
     fraud = datasets["datasets"]["fraud"]
     visits = {"description": "doctor visits", "schema": {"id": "transaction_id", "label": "visits", "columns": {
