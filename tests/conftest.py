@@ -15,13 +15,19 @@ import pytest
 
 from deployments.platform import REPO, Platform
 
+E2E, SECURITY = Path(__file__).parent / "e2e", Path(__file__).parent / "security"
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses the shared platform: ``make test`` runs those in one stream and every other test
-    beside them, at once."""
+    """Mark the end-to-end tests that use the session's platform: ``make test`` runs those in one stream and every
+    other test beside them, at once. The security tests on a platform run in the other stream, which then starts a
+    platform of its own (the two streams' platforms share nothing but the checkout's ``conf/``); they run first, so
+    that the other stream's CPU-bound tests come after and the first stream's last tests (the WAN border's 60 s
+    round deadline among them) run on a quieter machine."""
     for item in items:
-        if "platform" in getattr(item, "fixturenames", ()):
+        if "platform" in getattr(item, "fixturenames", ()) and E2E in item.path.parents:
             item.add_marker(pytest.mark.shared_platform)
+    items.sort(key=lambda item: SECURITY not in item.path.parents)  # stable: the order within each group kept
 
 
 @pytest.fixture(scope="session")
@@ -92,8 +98,9 @@ def approve(platform: Platform, training: str, max_rounds: int = 20) -> None:
 def shared_conf(platform: Platform) -> Iterator[Path]:
     """Where a test puts its own training configs: the platform's ``conf/training/`` (a run may name only
     configs there), removed afterwards. Name them ``e2e-*.yaml`` (git ignores those)."""
-    d = platform.conf_dir / "training"
-    before = set(d.glob("e2e-*.yaml"))
-    yield d
-    for p in set(d.glob("e2e-*.yaml")) - before:
-        p.unlink()
+    from platform_helpers import WRITTEN
+
+    first = len(WRITTEN)
+    yield platform.conf_dir / "training"
+    for p in WRITTEN[first:]:  # what this test wrote: the other stream of `make test` writes here too
+        p.unlink(missing_ok=True)

@@ -178,6 +178,9 @@ def e2e_name(tag: str) -> str:
     return f"e2e-{tag}-{uuid.uuid4().hex[:6]}"
 
 
+WRITTEN: list[Path] = []  # every config write_training wrote in this process (shared_conf removes a test's own)
+
+
 def write_training(directory: Path, name: str, cfg: dict[str, Any]) -> Path:
     """``cfg`` written as ``<directory>/<name>.yaml``: a run may name only configs of the platform's
     ``conf/training/`` (the ``shared_conf`` fixture), so that is where ``directory`` is."""
@@ -185,6 +188,7 @@ def write_training(directory: Path, name: str, cfg: dict[str, Any]) -> Path:
     part = directory / f".{name}.yaml.part"  # renamed into place whole: a test beside this one (make test's other
     part.write_text(yaml.safe_dump(cfg))    # stream) may list and read the directory at any moment
     part.replace(path)
+    WRITTEN.append(path)
     return path
 
 
