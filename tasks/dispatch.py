@@ -201,7 +201,7 @@ def explained(e: Exception, ids: dict[str, UUID], phase: str = "training") -> tu
     return reason, QuorumError(reason) if ended and isinstance(e, QuorumError) else e
 
 
-def cancel_runs(ids: dict[str, UUID]) -> list[str]:
+def cancel_runs(ids: dict[str, UUID], why: str = "left out: missed the phase's deadline") -> list[str]:
     """Stop these runs (a site left out of a phase must not keep its workers busy): each is set Cancelling. The
     server turns a run no worker has picked up (Scheduled, no process) into Cancelled at once, under its row lock,
     so a worker picking it up at that moment cannot start it; a run a worker holds (Pending, Running) is stopped by
@@ -213,7 +213,6 @@ def cancel_runs(ids: dict[str, UUID]) -> list[str]:
     (and is not late)."""
     from prefect.states import Cancelling
 
-    why = "left out: missed the phase's deadline"
     cancelled: list[str] = []
     with get_client(sync_client=True) as client:
         for key, run_id in ids.items():

@@ -34,6 +34,7 @@ from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
 from insitu.governance.audit_service import Auditor
 from insitu.governance.request import ACTIONS
+from tasks.dispatch import cancel_runs
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +143,6 @@ def stop_earlier_site_runs(job_id: str, flow_run_id: str | None, audit: Auditor)
     run of the job is live: every site run of the job still active is a leftover. Audited as
     ``job.earlier-site-runs-cancelled``; returns the cancelled runs' ids.
     """
-    from prefect.states import Cancelling
-
     with get_client(sync_client=True) as c:
         # the server narrows by name (a site run is named <flow>-<site>-<job id>); the parameter decides
         runs = c.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=SITE_FLOWS)),
@@ -152,8 +151,7 @@ def stop_earlier_site_runs(job_id: str, flow_run_id: str | None, audit: Auditor)
                                                                   type=FlowRunFilterStateType(any_=ACTIVE))))
         left = [r for r in runs if (r.parameters or {}).get("job_id") == job_id]
         why = f"left by an earlier run of job {job_id} that ended without ending them; the re-run starts its own"
-        for r in left:  # as tasks.dispatch.cancel_runs: the server cancels a Scheduled one at once
-            c.set_flow_run_state(r.id, Cancelling(message=why), force=True)
+        cancel_runs({str(r.id): r.id for r in left}, why)
         if left:
             audit.append("job.earlier-site-runs-cancelled", job_id=job_id, flow_run_id=flow_run_id,
                          runs=[f"{r.name} ({r.id})" for r in left])
