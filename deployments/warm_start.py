@@ -45,6 +45,9 @@ _CONTEXT = multiprocessing.get_context("forkserver")
 # once could each see it readable, and the one that reads nothing records the exit code 255. Starts and exit-code
 # reads of this process's runs are serialised by this lock.
 _CHILDREN = threading.Lock()
+# What the flows import only when first used, so that a CLI command loading a config does not pay for it, while
+# every flow run does: scikit-learn's metrics (1.4 s of CPU, more on a busy machine) in each run's evaluation.
+LAZY_IMPORTS = ("sklearn.metrics",)
 LOST_STATUS = 255  # what multiprocessing reports when the fork server's status pipe closed without a status
 
 
@@ -53,7 +56,7 @@ def preload_modules(role: str) -> list[str]:
     worker's own module (a fork runs the parent's ``__main__`` module again as ``__mp_main__``: its imports are then
     found done)."""
     flows = sorted({target.partition(":")[0] for _, target in policy.flows_for(role).values()})
-    return [policy.RUNNER_MODULE, *flows, "deployments.worker"]
+    return [policy.RUNNER_MODULE, *flows, "deployments.worker", *LAZY_IMPORTS]
 
 
 def preload(role: str) -> list[str]:

@@ -139,7 +139,10 @@ def store_from_env(ref: StorageRef, owner: str, env: dict[str, str] | None = Non
             f"this process does not hold the credentials of {owner}'s store {ref.storage}: "
             f"{', '.join(missing)} not set (only {owner}'s own workers are given them)"
         )
-    opts: dict[str, Any] = {"skip_instance_cache": True}
+    # fsspec keeps one filesystem per process, thread and options: a new one per call built a new botocore client
+    # each time (its JSON models parsed again, an SSL context, a TLS handshake), a third of a job's CPU. Listings
+    # are not cached: the protocol polls for objects that other processes write.
+    opts: dict[str, Any] = {"use_listings_cache": False}
     outage_s = ref.outage_s
     if ref.key_env:
         opts["key"] = env[ref.key_env]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from deployments import worker_policy as policy
-from deployments.warm_start import preload_modules, run_environment
+from deployments.warm_start import LAZY_IMPORTS, preload_modules, run_environment
 
 
 def _run() -> Any:
@@ -41,7 +41,8 @@ def test_the_fork_server_imports_the_runner_and_only_the_roles_flows(role: str) 
     modules = preload_modules(role)
     assert modules[0] == policy.RUNNER_MODULE
     own = {target.partition(":")[0] for _, target in policy.flows_for(role).values()}
-    assert set(modules[1:]) == own | {"deployments.worker"}  # the worker's own module: a fork runs it as __mp_main__
+    # the worker's own module (a fork runs it as __mp_main__) and what the flows import lazily
+    assert set(modules[1:]) == own | {"deployments.worker", *LAZY_IMPORTS}
     other = "coordinator" if role == "site" else "site"
     assert not own & {target.partition(":")[0] for _, target in policy.flows_for(other).values()}
 
