@@ -1,11 +1,12 @@
-"""When a worker asks the Prefect API for scheduled runs: every ``PREFECT_WORKER_QUERY_SECONDS`` while its pool is
-busy, less often while it idles.
+"""When a worker asks the Prefect API for scheduled runs: every ``PREFECT_WORKER_QUERY_SECONDS`` for a while after
+one of its runs was submitted, started or ended, less often otherwise.
 
 Four workers asking every second were two thirds of the idle platform's Prefect server and PostgreSQL load
 (about 10% of a core of the server's alone, measured by stopping the workers; bench/pipeline_overhead.py measures
-the whole platform). A worker is busy while one of its runs is going and for a while after a run was submitted
-or ended: a job's next phase then starts within a second; the first run of a job on an idle platform waits at
-most :data:`IDLE_POLL_S`.
+the whole platform). A run that is going does not keep its worker asking every second: a site's one run does every
+phase of its job (the coordinator dispatches them to it), so what comes next for the pool is a phase's run of its
+own after that run ended, and an end makes the worker active again. A job's next run then starts within a second;
+the first run of a job on an idle pool waits at most :data:`IDLE_POLL_S`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from collections.abc import Callable
 
 IDLE_POLL_S = 3.0  # how often an idle worker asks
-ACTIVE_WINDOW_S = 30.0  # how long after a run was submitted or ended a worker still asks every query interval
+ACTIVE_WINDOW_S = 30.0  # how long after a run was submitted, started or ended a worker asks every query interval
 
 
 class PollPace:
@@ -25,24 +26,21 @@ class PollPace:
         self.idle_s, self.active_window_s, self._clock = idle_s, active_window_s, clock
         self._active_until = clock() + active_window_s  # a worker that just started may have runs waiting
         self._next_idle = 0.0
-        self.running = 0
 
     def active(self) -> None:
         """A run was submitted, started or ended: ask every tick for a while."""
         self._active_until = self._clock() + self.active_window_s
 
     def started(self) -> None:
-        self.running += 1
         self.active()
 
     def ended(self) -> None:
-        self.running = max(0, self.running - 1)
         self.active()
 
     def due(self) -> bool:
-        """Whether this tick asks: always while busy, else once per ``idle_s``."""
+        """Whether this tick asks: always within the active window, else once per ``idle_s``."""
         now = self._clock()
-        if self.running > 0 or now < self._active_until or now >= self._next_idle:
+        if now < self._active_until or now >= self._next_idle:
             self._next_idle = now + self.idle_s
             return True
         return False

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,28 @@ class OutageTolerantFileSystem:
         self._outage.call(self.raw.pipe_file, path, value, what="pipe_file", store=self._store, **kwargs)
 
 
+_SESSIONS: dict[int, Any] = {}  # this process's aiobotocore session, by pid (a fork builds its own)
+_SESSIONS_LOCK = threading.Lock()
+
+
+def botocore_session() -> Any:
+    """This process's one aiobotocore session, from which every S3 filesystem builds its own client.
+
+    A session of its own per filesystem parsed botocore's JSON service model and endpoint rules again for every
+    client (tenths of a second of CPU each, a third of a job's CPU, measured with py-spy); one session's loader
+    parses them once. The session holds no connection and no credentials (each client is given its store's keys).
+    """
+    pid = os.getpid()
+    with _SESSIONS_LOCK:
+        session = _SESSIONS.get(pid)
+        if session is None:
+            from aiobotocore.session import AioSession
+
+            _SESSIONS.clear()
+            session = _SESSIONS[pid] = AioSession()
+        return session
+
+
 @dataclass(frozen=True)
 class Store:
     """A store root (``s3://bucket/`` or ``file:///dir/``), the options to open it, and how long calls to it ride
@@ -71,7 +94,10 @@ class Store:
     @property
     def fs(self) -> OutageTolerantFileSystem:
         protocol = self.url.split("://", 1)[0]
-        return OutageTolerantFileSystem(fsspec.filesystem(protocol, **self.options), self.outage, self.url)
+        options = self.options
+        if protocol == "s3" and "session" not in options:
+            options = {**options, "session": botocore_session()}
+        return OutageTolerantFileSystem(fsspec.filesystem(protocol, **options), self.outage, self.url)
 
     def ride_out(self, fn: Any, *args: Any, what: str, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` — a multi-call read or write against this store — tried again while it is
@@ -139,10 +165,11 @@ def store_from_env(ref: StorageRef, owner: str, env: dict[str, str] | None = Non
             f"this process does not hold the credentials of {owner}'s store {ref.storage}: "
             f"{', '.join(missing)} not set (only {owner}'s own workers are given them)"
         )
-    # fsspec keeps one filesystem per process, thread and options: a new one per call built a new botocore client
-    # each time (its JSON models parsed again, an SSL context, a TLS handshake), a third of a job's CPU. Listings
-    # are not cached: the protocol polls for objects that other processes write.
-    opts: dict[str, Any] = {"use_listings_cache": False}
+    # A filesystem (and so a client and its connection pool) per call: a process's one cached client hung a site's
+    # run for good after its border was cut for a minute (tests/e2e/test_wan_border.py; aiobotocore waits for a
+    # free pooled connection without a timeout), and listings are never stale. The costly part of a new client,
+    # botocore's parsed models, is shared through the process's one session (Store.fs).
+    opts: dict[str, Any] = {"skip_instance_cache": True}
     outage_s = ref.outage_s
     if ref.key_env:
         opts["key"] = env[ref.key_env]

@@ -210,7 +210,7 @@ class Components:
         port = self._urls.port(f"dask-{site}")
         return Component(f"dask-scheduler-{site}",
                          [console_script("dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                          "--protocol", "tls",
+                          "--protocol", "tls", "--preload", "deployments.platform.dask_pace",
                           # --no-dashboard still serves /health on 0.0.0.0: keep it on loopback too
                           "--no-dashboard", "--dashboard-address", "127.0.0.1:0"],
                          # The scheduler unpickles the task graphs (a rank's TrainSpec holds the training config):

@@ -1,4 +1,5 @@
-"""The worker's polling pace: every tick while busy, once per idle interval otherwise."""
+"""The worker's polling pace: every tick for a while after a run was submitted, started or ended; once per idle
+interval otherwise."""
 
 from deployments.poll_pace import PollPace
 
@@ -27,14 +28,16 @@ def test_an_idle_worker_asks_once_per_idle_interval_after_its_active_window() ->
     assert ticks(pace, clock, 30) == 10
 
 
-def test_a_running_flow_run_keeps_every_tick_asking() -> None:
+def test_a_running_flow_run_does_not_keep_its_worker_asking_every_tick() -> None:
+    """A site's one run does every phase of its job: while it goes, nothing else comes to its pool soon."""
     clock = Clock()
     pace = PollPace(idle_s=3.0, active_window_s=10.0, clock=clock)
     ticks(pace, clock, 20)
     pace.started()
-    assert ticks(pace, clock, 300) == 300
+    assert ticks(pace, clock, 10) == 10  # just started: the pool may hold more of the job's runs
+    assert ticks(pace, clock, 300) == 100
     pace.ended()
-    assert ticks(pace, clock, 10) == 10  # the next phase of the job comes soon after a run ends
+    assert ticks(pace, clock, 10) == 10  # a phase's own run comes soon after a run ends
     assert ticks(pace, clock, 30) == 10
 
 
@@ -44,10 +47,3 @@ def test_a_submitted_run_makes_the_worker_active_again() -> None:
     ticks(pace, clock, 40)
     pace.active()
     assert ticks(pace, clock, 10) == 10
-
-
-def test_ended_never_counts_below_zero() -> None:
-    pace = PollPace(clock=Clock())
-    pace.ended()
-    pace.started()
-    assert pace.running == 1
