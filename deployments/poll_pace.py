@@ -31,12 +31,6 @@ class PollPace:
         """A run was submitted, started or ended: ask every tick for a while."""
         self._active_until = self._clock() + self.active_window_s
 
-    def started(self) -> None:
-        self.active()
-
-    def ended(self) -> None:
-        self.active()
-
     def due(self) -> bool:
         """Whether this tick asks: always within the active window, else once per ``idle_s``."""
         now = self._clock()

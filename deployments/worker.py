@@ -198,11 +198,11 @@ class InsituWorker(ProcessWorker):
             return policy.load_flow(role, (await self.client.read_flow(fr.flow_id)).name)
 
         execution: FlowRunExecutionResult | None = None
-        self.pace.started()
+        self.pace.active()
         try:
             execution = await self._execute(flow_run, configuration, workdir, resolve_flow, task_status)
         finally:
-            self.pace.ended()
+            self.pace.active()
         if execution is None or execution.status_code is None:
             raise RuntimeError("failed to start the flow run's process")
         return ProcessWorkerResult(status_code=execution.status_code, identifier=str(execution.handle.pid))

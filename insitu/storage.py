@@ -56,8 +56,8 @@ class OutageTolerantFileSystem:
         self._outage.call(self.raw.pipe_file, path, value, what="pipe_file", store=self._store, **kwargs)
 
 
-_SESSIONS: dict[int, Any] = {}  # this process's aiobotocore session, by pid (a fork builds its own)
-_SESSIONS_LOCK = threading.Lock()
+_SESSION: tuple[int, Any] | None = None  # (pid, this process's aiobotocore session): a fork builds its own
+_SESSION_LOCK = threading.Lock()
 
 
 def botocore_session() -> Any:
@@ -67,15 +67,13 @@ def botocore_session() -> Any:
     client (tenths of a second of CPU each, a third of a job's CPU, measured with py-spy); one session's loader
     parses them once. The session holds no connection and no credentials (each client is given its store's keys).
     """
-    pid = os.getpid()
-    with _SESSIONS_LOCK:
-        session = _SESSIONS.get(pid)
-        if session is None:
+    global _SESSION
+    with _SESSION_LOCK:
+        if _SESSION is None or _SESSION[0] != os.getpid():
             from aiobotocore.session import AioSession
 
-            _SESSIONS.clear()
-            session = _SESSIONS[pid] = AioSession()
-        return session
+            _SESSION = (os.getpid(), AioSession())
+        return _SESSION[1]
 
 
 @dataclass(frozen=True)
@@ -92,12 +90,18 @@ class Store:
         return Outage(self.outage_s)
 
     @property
+    def open_options(self) -> dict[str, Any]:
+        """The options every filesystem of this store is opened with (here, and by pandas or torch's checkpoint
+        writer): :attr:`options` plus, for S3, this process's botocore session (not kept in :attr:`options`: a
+        Store is pickled to the site's Dask workers)."""
+        if self.url.startswith("s3://") and "session" not in self.options:
+            return {**self.options, "session": botocore_session()}
+        return self.options
+
+    @property
     def fs(self) -> OutageTolerantFileSystem:
         protocol = self.url.split("://", 1)[0]
-        options = self.options
-        if protocol == "s3" and "session" not in options:
-            options = {**options, "session": botocore_session()}
-        return OutageTolerantFileSystem(fsspec.filesystem(protocol, **options), self.outage, self.url)
+        return OutageTolerantFileSystem(fsspec.filesystem(protocol, **self.open_options), self.outage, self.url)
 
     def ride_out(self, fn: Any, *args: Any, what: str, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` — a multi-call read or write against this store — tried again while it is

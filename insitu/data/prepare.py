@@ -70,7 +70,7 @@ def _parent(store: Store, relative: str) -> None:
 def _read(store: Store, path: str) -> tuple[pd.DataFrame, list[MalformedLine]]:
     if path.endswith(".csv"):
         return read_csv_lines(store.fs.cat_file(store.path(path)))
-    return pd.read_parquet(store.full_url(path), storage_options=store.options or None), []
+    return pd.read_parquet(store.full_url(path), storage_options=store.open_options or None), []
 
 
 def _refuse(store: Store, shard: ShardConfig, qprefix: str, rep: ShardReport, why: str, rule: str | None,
@@ -132,7 +132,7 @@ def prepare_shard(
     if len(bad):
         qpath = f"{qprefix}/{shard.id}.parquet"
         _parent(store, qpath)
-        bad.to_parquet(store.full_url(qpath), storage_options=store.options or None, index=False)
+        bad.to_parquet(store.full_url(qpath), storage_options=store.open_options or None, index=False)
         rep.quarantine_path = store.full_url(qpath)
     if len(bad) and REASON in bad.columns:
         rep.reasons = {str(k): int(v) for k, v in bad[REASON].value_counts().head(5).items()}
@@ -152,8 +152,8 @@ def prepare_shard(
         frame["label"] = y[m]
         _parent(store, f"{prefix}/{name}/{shard.id}.parquet")
         frame.to_parquet(
-            store.full_url(f"{prefix}/{name}/{shard.id}.parquet"), storage_options=store.options or None, index=False,
-            row_group_size=ROW_GROUP_ROWS,
+            store.full_url(f"{prefix}/{name}/{shard.id}.parquet"), storage_options=store.open_options or None,
+            index=False, row_group_size=ROW_GROUP_ROWS,
         )
         rep.split_counts[name] = int(m.sum())
         if name == "train":

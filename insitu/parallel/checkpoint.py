@@ -72,7 +72,7 @@ class Checkpointer:
             self.fs.makedirs(self.ref.store.path(rel), exist_ok=True)
         try:
             dcp.save({"model": model_sd, "optim": optim_sd},
-                     storage_writer=FsspecWriter(url, **self.ref.store.options), no_dist=not _distributed())
+                     storage_writer=FsspecWriter(url, **self.ref.store.open_options), no_dist=not _distributed())
         except (CheckpointException, Exception) as e:
             if not _store_was_unreachable(e):
                 raise
@@ -101,7 +101,7 @@ class Checkpointer:
         model_sd, optim_sd = get_state_dict(model, opt, options=_OPTIONS)
         state = {"model": model_sd, "optim": optim_sd}
         url = self.ref.store.full_url(latest["path"])
-        dcp.load(state, storage_reader=FsspecReader(url, **self.ref.store.options), no_dist=not _distributed())
+        dcp.load(state, storage_reader=FsspecReader(url, **self.ref.store.open_options), no_dist=not _distributed())
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"], options=_OPTIONS)
         log.info("resumed from %s (epoch %d, step %d)", url, latest["epoch"], latest["global_step"])
         return latest

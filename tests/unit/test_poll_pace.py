@@ -33,10 +33,10 @@ def test_a_running_flow_run_does_not_keep_its_worker_asking_every_tick() -> None
     clock = Clock()
     pace = PollPace(idle_s=3.0, active_window_s=10.0, clock=clock)
     ticks(pace, clock, 20)
-    pace.started()
+    pace.active()  # started
     assert ticks(pace, clock, 10) == 10  # just started: the pool may hold more of the job's runs
     assert ticks(pace, clock, 300) == 100
-    pace.ended()
+    pace.active()  # ended
     assert ticks(pace, clock, 10) == 10  # a phase's own run comes soon after a run ends
     assert ticks(pace, clock, 30) == 10
 

@@ -37,3 +37,13 @@ def test_a_forked_process_builds_its_own_session() -> None:
         os._exit(0)
     os.waitpid(pid, 0)
     assert os.read(r, 1) == b"1"
+
+
+def test_what_pandas_and_the_checkpoint_writer_open_shares_the_session() -> None:
+    """prepare's parquet reads and writes and torch's checkpoint writer open the store from Store.open_options."""
+    import fsspec
+
+    store = Store("s3://bucket/", OPTIONS)
+    fs, _ = fsspec.core.url_to_fs(store.full_url("x.parquet"), **store.open_options)
+    assert fs.session is botocore_session()
+    assert Store("file:///tmp/", {}).open_options == {}
