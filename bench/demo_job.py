@@ -33,16 +33,17 @@ def seed_and_deploy(p: Platform, rows: int) -> None:
     deploy_all(conf.sites, load_datasets(p.conf_dir / "datasets.yaml"))
 
 
-def start_demo_job(p: Platform, rounds: int, tag: str) -> UUID:
-    """A ``retrain`` run of the demo, signed by alice for ``rounds`` rounds, as `insitu run --as alice` starts it."""
+def start_demo_job(p: Platform, rounds: int, tag: str, training: str = "fraud") -> UUID:
+    """A ``retrain`` run of the demo (its ``training`` config), signed by alice for ``rounds`` rounds, as
+    `insitu run --as alice` starts it."""
     from prefect.client.orchestration import get_client
 
     from insitu.governance.request import sign_for
 
     job = f"{tag}-{uuid.uuid4().hex[:6]}"
-    request = sign_for(p.principal_key_file("alice"), "alice", "fraud", "fraud", "fraud-detection", job_id=job,
+    request = sign_for(p.principal_key_file("alice"), "alice", training, "fraud", "fraud-detection", job_id=job,
                        overrides={"rounds": rounds}, conf_directory=p.conf_dir).model_dump(mode="json")
-    params = {"training": "fraud", "dataset": "fraud", "job_id": job, "rounds": rounds, "request": request}
+    params = {"training": training, "dataset": "fraud", "job_id": job, "rounds": rounds, "request": request}
     with get_client(sync_client=True) as c:
         dep = c.read_deployment_by_name("retrain/coordinator")
         return c.create_flow_run_from_deployment(dep.id, parameters={"params": params}).id

@@ -4,10 +4,13 @@ and flow-run starts per job, where one round's seconds go, and what the idle pla
     .venv/bin/python bench/pipeline_overhead.py --fresh              # its own platform: start, seed, run, stop
     .venv/bin/python bench/pipeline_overhead.py --run                # a job on the running platform (insitu up)
     .venv/bin/python bench/pipeline_overhead.py --flow-run <id>      # analyses a finished retrain run
+    .venv/bin/python bench/pipeline_overhead.py --fresh --mode async --rounds 9   # an async job of 9 versions
 
 Compute is what the tasks timed inside (prepare on Dask, each round's training, evaluation); a phase's
 overhead is its wall time minus the slowest site's compute (sites run in parallel), a round's overhead
-is the time between two aggregations minus the slowest site's training task for that round.
+is the time between two aggregations minus the slowest site's training task for that round. An async job
+(``federation.mode: async``; ``--mode async`` runs the demo so) has no rounds: its updates are analysed one by one
+instead (``bench/async_overhead.py``: each update's cycle minus its train task, the cost per global version).
 
 ``--fresh`` starts the Prefect server with its access log on (``PREFECT_SERVER_LOGGING_LEVEL=INFO``), so it
 also counts the API calls the job made (every caller: the flows, the workers' polls, the CLI's wait); it adds up
@@ -31,6 +34,7 @@ from statistics import median
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.async_overhead import summarise, update_cycles  # noqa: E402
 from bench.demo_job import prefect_at, seed_and_deploy, start_demo_job, wait_final  # noqa: E402
 from deployments.platform import REPO, Platform  # noqa: E402
 from deployments.poll_pace import ACTIVE_WINDOW_S  # noqa: E402
@@ -113,12 +117,13 @@ def analyse(flow_run_id: str) -> dict[str, Any]:
     # run's creation) to the end of its last task (the train phase's: the last round's aggregation).
     phase_start = min((k.created for k in kids), default=top.start_time)
     ends: dict[str, Any] = {}
-    phases = (("prepare", r"^prepare-"), ("train", r"^(train-|aggregate-round-)"), ("evaluate", r"^evaluate-"))
+    phases = (("prepare", r"^prepare-"), ("train", r"^(train-|aggregate-round-|async-update-)"),
+              ("evaluate", r"^evaluate-"))
     for phase, pat in phases:
         last = max((end[n] for n in dur if re.match(pat, n) and end[n]), default=None)
         wall = (last - phase_start).total_seconds() if last else 0.0
         ends[phase] = phase_start = last or phase_start
-        pat = pat.replace("|aggregate-round-", "")  # a site's own compute
+        pat = pat.replace("|aggregate-round-|async-update-", "")  # a site's own compute
         per_site: dict[str, float] = {}
         for name, d in dur.items():
             if re.match(pat, name):
@@ -145,6 +150,10 @@ def analyse(flow_run_id: str) -> dict[str, Any]:
     out["compute_s_all_sites"] = round(compute_total, 2)
     steady = [r["overhead_s"] for r in per_round[1:]] or [r["overhead_s"] for r in per_round]
     out["median_round_overhead_s"] = round(median(steady), 2) if steady else None
+    cycles = update_cycles(start, end, ends["prepare"])
+    if cycles:  # an async job: its updates one by one (the first of each site also pays Dask's first import)
+        out["async"] = {**summarise([c for c in cycles if c["seq"] > 0]), "first_updates": summarise(
+            [c for c in cycles if c["seq"] == 0]), "updates_detail": cycles}
     return out
 
 
@@ -173,11 +182,23 @@ def round_profile(r: int, start: dict[str, Any], end: dict[str, Any], published:
             "aggregate_task_s": round(s(start.get(agg), end.get(agg)), 2)}
 
 
-def fresh(rows: int, rounds: int, idle_s: float) -> dict[str, Any]:
+def async_training(conf: Path) -> str:
+    """The demo's training config in async mode (FedAsync, its defaults) beside it in ``conf``; returns its name."""
+    import yaml
+
+    cfg = yaml.safe_load((conf / "training" / "fraud.yaml").read_text())
+    cfg["federation"] = {**cfg["federation"], "mode": "async", "asynchronous": {"algorithm": "fedasync"}}
+    cfg["validation"] = {"select": "last", "patience": 0}  # what async mode requires (it registers the last)
+    (conf / "training" / "fraud_async.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return "fraud_async"
+
+
+def fresh(rows: int, rounds: int, idle_s: float, mode: str = "sync") -> dict[str, Any]:
     """A platform of its own (free ports, access log on): seed, deploy, one demo job, its analysis, idle CPU."""
     with tempfile.TemporaryDirectory(prefix="insitu-overhead-") as tmp:
         conf = Path(tmp) / "conf"
         shutil.copytree(REPO / "conf", conf)
+        training = async_training(conf) if mode == "async" else "fraud"
         os.environ["PREFECT_SERVER_LOGGING_LEVEL"] = "INFO"  # the server's access log: one line per API call
         p = Platform(Path(tmp) / "state", conf, free_ports=True)
         p.apply_env()
@@ -193,7 +214,7 @@ def fresh(rows: int, rounds: int, idle_s: float) -> dict[str, Any]:
                 before = log.stat().st_size
                 cpu_before = cpu_seconds(p)
                 t0 = time.perf_counter()
-                run_id = start_demo_job(p, rounds, "overhead")
+                run_id = start_demo_job(p, rounds, "overhead", training)
                 (run,) = wait_final([run_id], poll_s=2.0)
                 submitted_to_final = time.perf_counter() - t0
                 during = log.stat().st_size
@@ -228,10 +249,14 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=20_000, help="rows per site (--fresh)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--idle-s", type=float, default=30.0, help="how long to sample the idle platform (--fresh)")
+    ap.add_argument("--mode", choices=("sync", "async"), default="sync",
+                    help="the demo's federation mode (--fresh): async runs it with FedAsync, rounds = versions")
     args = ap.parse_args()
     if args.fresh:
-        print(json.dumps(fresh(args.rows, args.rounds, args.idle_s), default=str))
+        print(json.dumps(fresh(args.rows, args.rounds, args.idle_s, args.mode), default=str))
         return
+    if args.mode != "sync":
+        raise SystemExit("--mode async needs --fresh (it writes the async training config into its own conf)")
     p = Platform(Path(args.state_dir))
     p.apply_env()
     flow_run = args.flow_run

@@ -12,11 +12,13 @@ from typing import Any
 import numpy as np
 import torch
 from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 from torch import nn
 
 from insitu.federated.exchange import Exchange, enforce_protocol
 from insitu.federated.kinds import COORDINATOR, MIN_ROWS, ExchangeError, site_budgets
 from insitu.federated.paths import EVALUATION, global_weights, validation, weights
+from insitu.federated.site_rounds import Pending
 from insitu.metrics import withheld
 from insitu.models import build_model
 from insitu.specs import TaskSpec
@@ -41,7 +43,8 @@ def score(model: nn.Module, task: TaskSpec, x: np.ndarray, y: np.ndarray, loss_p
     return task.site_metrics(outputs, y, loss_params, floor)
 
 
-@task(retry_condition_fn=retry_if_transient, retries=1, task_run_name="evaluate-{ctx.site}-{name}")
+@task(cache_policy=NO_CACHE, retry_condition_fn=retry_if_transient, retries=1,
+      task_run_name="evaluate-{ctx.site}-{name}")
 def evaluate_weights(ctx: SiteContext, name: str, x: np.ndarray, y: np.ndarray, norm: dict[str, Any]) -> dict[str, Any]:
     state, _ = ctx.exchange.get_state(weights(name), writer=COORDINATOR)
     task = ctx.conf.task
@@ -63,7 +66,7 @@ def evaluations(ex: Exchange, sites: list[str], rounds: int, updates: int | None
     return {s: ex.get_json(EVALUATION, writer=s)["models"] for s in sites}
 
 
-@task(task_run_name="read-evaluations")
+@task(cache_policy=NO_CACHE, task_run_name="read-evaluations")
 def read_evaluations(ex: Exchange, sites: list[str], rounds: int,
                      updates: int | None = None) -> dict[str, dict[str, Any]]:
     """:func:`evaluations` on the coordinator, naming the sites that withheld metrics (too few test rows)."""
@@ -76,7 +79,8 @@ def read_evaluations(ex: Exchange, sites: list[str], rounds: int,
     return out
 
 
-@task(retry_condition_fn=retry_if_transient, retries=1, task_run_name="validate-{ctx.site}-round-{rnd}")
+@task(cache_policy=NO_CACHE, retry_condition_fn=retry_if_transient, retries=1,
+      task_run_name="validate-{ctx.site}-round-{rnd}")
 def validate_round(ctx: SiteContext, rnd: int, x: np.ndarray, y: np.ndarray, norm: dict[str, Any]) -> dict[str, Any]:
     """Score global model ``rnd`` on this site's validation split; publish the metrics (never scores).
 
@@ -122,14 +126,15 @@ def validation_rows(context: SiteContext) -> tuple[np.ndarray, np.ndarray] | Non
     return x, y
 
 
-def validator(context: SiteContext, global_stats: dict[str, Any]) -> Callable[[int], object] | None:
-    """What validates global model ``r`` on this site's validation rows (:func:`validate_round`); None when the
-    site has none (:func:`validation_rows`)."""
+def validator(context: SiteContext, global_stats: dict[str, Any]) -> Callable[[int], Pending] | None:
+    """What starts validating global model ``r`` on this site's validation rows (:func:`validate_round`, submitted
+    to the flow's task runner: a thread, while the round trains on the site's Dask workers); None when the site
+    has none (:func:`validation_rows`)."""
     rows = validation_rows(context)
     if rows is None:
         return None
     x, y = rows
-    return lambda rnd: validate_round(context, rnd, x, y, global_stats)
+    return lambda rnd: validate_round.submit(context, rnd, x, y, global_stats)
 
 
 def validated_rounds(ex: Exchange, rounds: int) -> list[int]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from insitu.conf import TrainingConfig
 from insitu.data.features import feature_names
@@ -28,7 +29,7 @@ from tasks.claims import audit_refusals, committed_counts, judged_metrics
 from tasks.evaluate import read_validation
 
 
-@task(task_run_name="global-statistics")
+@task(cache_policy=NO_CACHE, task_run_name="global-statistics")
 def publish_global_stats(ex: Exchange, conf: JobSpec, sites: list[str]) -> dict[str, Any]:
     """Combine the sites' aggregate statistics into global normalisation and the loss's parameters.
 
@@ -54,7 +55,7 @@ def publish_global_stats(ex: Exchange, conf: JobSpec, sites: list[str]) -> dict[
     return {"norm": norm, "per_site": per_site}
 
 
-@task(task_run_name="initial-weights")
+@task(cache_policy=NO_CACHE, task_run_name="initial-weights")
 def publish_initial_weights(ex: Exchange, conf: JobSpec, norm: dict[str, Any]) -> dict[str, Any]:
     initial = global_weights(0)
     if ex.exists(initial.manifest):  # a re-run of the same job keeps its start
@@ -64,7 +65,7 @@ def publish_initial_weights(ex: Exchange, conf: JobSpec, norm: dict[str, Any]) -
     return ex.put_state(initial, model.state_dict(), round=0)
 
 
-@task(task_run_name="aggregate-round-{rnd}")
+@task(cache_policy=NO_CACHE, task_run_name="aggregate-round-{rnd}")
 def aggregate_round(
     ex: Exchange, rnd: int, sites: list[str], min_sites: int, deadline_s: float,
     is_alive: Callable[[str], bool] | None = None,

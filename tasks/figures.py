@@ -8,11 +8,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 from mlflow.tracking import MlflowClient
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from insitu.plots import confusion_figure, pr_curve_figure, site_metrics_figure
 
 
-@task(task_run_name="mlflow-figures")
+@task(cache_policy=NO_CACHE, task_run_name="mlflow-figures")
 def log_figures(
     parent_run_id: str, evaluated: dict[str, dict[str, Any]], site_metrics: dict[str, dict[str, float]],
     metric_names: list[str],

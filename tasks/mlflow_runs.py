@@ -17,6 +17,7 @@ import numpy as np
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from insitu.conf import TrainingConfig
 from insitu.federated.validation import RoundValidation
@@ -62,7 +63,7 @@ def flat_params(conf: JobSpec) -> dict[str, Any]:
     }
 
 
-@task(task_run_name="mlflow-start-{job_id}")
+@task(cache_policy=NO_CACHE, task_run_name="mlflow-start-{job_id}")
 def start_runs(conf: JobSpec, job_id: str, sites: list[str], flow_run_id: str | None) -> dict[str, str]:
     """Create the parent run and one child run per site; returns their ids.
 

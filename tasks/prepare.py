@@ -7,6 +7,7 @@ from typing import Any
 
 from distributed import Client
 from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from insitu.conf import ShardConfig
 from insitu.data.prepare import ShardReport, prepare_shard, summarize
@@ -21,7 +22,8 @@ MIN_AGGREGATE_ROWS = MIN_ROWS
 MAX_ERROR_CHARS = 300
 
 
-@task(retry_condition_fn=retry_if_transient, retries=1, retry_delay_seconds=5, task_run_name="prepare-{ctx.site}")
+@task(cache_policy=NO_CACHE, retry_condition_fn=retry_if_transient, retries=1, retry_delay_seconds=5,
+      task_run_name="prepare-{ctx.site}")
 def prepare_shards(ctx: SiteContext, shards: list[ShardConfig], job_id: str) -> dict[str, Any]:
     """One Dask task per shard on the site's scheduler; returns the site's aggregate summary."""
     logger = get_run_logger()

@@ -10,6 +10,7 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
@@ -39,7 +40,7 @@ def ensure_registry_lock(model_name: str) -> None:
             pass
 
 
-@task(task_run_name="gate-and-promote-{job_id}")
+@task(cache_policy=NO_CACHE, task_run_name="gate-and-promote-{job_id}")
 def gate_and_promote(
     conf: JobSpec,
     job_id: str,

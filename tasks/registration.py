@@ -22,6 +22,7 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
 from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from insitu.federated.exchange import state_from_bytes, state_to_bytes
 from insitu.gate import metric_tags
@@ -68,7 +69,7 @@ def job_version(client: MlflowClient, name: str, parent_run_id: str) -> ModelVer
     return min(versions, key=lambda v: int(v.version)) if versions else None
 
 
-@task(task_run_name="register-{job_id}")
+@task(cache_policy=NO_CACHE, task_run_name="register-{job_id}")
 def register_model(
     conf: JobSpec,
     job_id: str,
@@ -164,7 +165,7 @@ def serving_requirements() -> list[str]:
     return [f"{name}=={installed_version(name).split('+')[0]}" for name in SERVING_PACKAGES]
 
 
-@task(task_run_name="load-champion")
+@task(cache_policy=NO_CACHE, task_run_name="load-champion")
 def load_champion(conf: JobSpec, features: list[str]) -> Champion | None:
     """The current champion's version and weights, if there is one with the same features."""
     logger = get_run_logger()

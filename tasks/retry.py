@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from insitu.federated.kinds import ExchangeError
+from insitu.federated.site_rounds import ValidationFailed
 from insitu.outage import StoreUnavailable
 
 DETERMINISTIC: tuple[type[BaseException], ...] = (
@@ -16,6 +17,7 @@ DETERMINISTIC: tuple[type[BaseException], ...] = (
     NotImplementedError,
     ExchangeError,  # the protocol refused an artefact: its writer would write the same one again
     StoreUnavailable,  # a store stayed down for its whole outage bound: the bound is the operator's, not doubled
+    ValidationFailed,  # the round's validation failed after its own retries: training again would not mend it
 )
 
 

@@ -36,12 +36,14 @@ def train_here(context: SiteContext, wait_timeout_s: float) -> dict[str, Any]:
         limit = update_limit(training_config)
         assert limit is not None, "an async job bounds each site's updates"
         pushed = run_site_updates(
-            context.exchange, limit, train=lambda seq, version: train_async_update(context, seq, version, global_stats),
+            context.exchange, limit,
+            train=lambda seq, version, validated: train_async_update(context, seq, version, global_stats, validated),
             validate=validate, wait_timeout_s=wait_timeout_s, logger=logger)
         done: dict[str, Any] = {"updates": pushed}
     else:
         done = {"rounds": run_site_rounds(
-            context.exchange, training_config.rounds, train=lambda rnd: train_round(context, rnd, global_stats),
+            context.exchange, training_config.rounds,
+            train=lambda rnd, validated: train_round(context, rnd, global_stats, validated),
             validate=validate, wait_timeout_s=wait_timeout_s, logger=logger)}
     anchor_site(context.audit, context.exchange.store, context.site, job_id, "train")
     evaluated = evaluate_when_dispatched(context, wait_timeout_s)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from insitu.conf import TrainingConfig
 from insitu.federated.aggregators import build_aggregator
@@ -22,16 +24,20 @@ from tasks.context import SiteContext
 from tasks.retry import retry_if_transient
 
 
-@task(retries=2, retry_delay_seconds=2, retry_condition_fn=retry_if_transient,
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2, retry_condition_fn=retry_if_transient,
       task_run_name="train-{ctx.site}-round-{rnd}")
-def train_round(ctx: SiteContext, rnd: int, norm: dict[str, Any]) -> dict[str, Any]:
-    """Train from the global weights of round ``rnd`` with the configured strategy; publish the update."""
+def train_round(ctx: SiteContext, rnd: int, norm: dict[str, Any],
+                validated: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Train from the global weights of round ``rnd`` with the configured strategy; publish the update once
+    ``validated()`` returned (the round's validation, scored meanwhile, is published first)."""
     t = ctx.conf.training
     state, manifest = ctx.exchange.get_state(global_weights(rnd), writer=COORDINATOR)
     # A retry of this task (or a re-run of the job) resumes from the round's newest checkpoint (in the site's
     # own store, named like the round's objects on the exchange).
     result = train_from(ctx, state, norm, seed=t.seed * 1000 + rnd, checkpoint=round_name(rnd), options_round=rnd,
                         round=rnd)
+    if validated is not None:
+        validated()
     # Checked here against the global weights it was trained from (names, shapes, dtypes, finite, norm bound),
     # so that a bad update fails on its own site with the reason, before anything crosses; the coordinator
     # checks it again when it reads it.
@@ -41,17 +47,20 @@ def train_round(ctx: SiteContext, rnd: int, norm: dict[str, Any]) -> dict[str, A
     return published
 
 
-@task(retries=2, retry_delay_seconds=2, retry_condition_fn=retry_if_transient,
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2, retry_condition_fn=retry_if_transient,
       task_run_name="train-{ctx.site}-async-{seq}-from-v{version}")
-def train_async_update(ctx: SiteContext, seq: int, version: int, norm: dict[str, Any]) -> dict[str, Any]:
+def train_async_update(ctx: SiteContext, seq: int, version: int, norm: dict[str, Any],
+                       validated: Callable[[], None] | None = None) -> dict[str, Any]:
     """Async mode: train this site's update ``seq`` from global version ``version``; publish it tagged with
-    that version (the coordinator measures its staleness against it)."""
+    that version (the coordinator measures its staleness against it) once ``validated()`` returned."""
     t = ctx.conf.training
     state, manifest = ctx.exchange.get_state(global_weights(version), writer=COORDINATOR)
     # Seeds and checkpoints are keyed by the site's own sequence number: a retried or re-run update
     # resumes its own checkpoint, and two updates from the same version do not train on the same shuffle.
     result = train_from(ctx, state, norm, seed=t.seed * 1000 + 500 + seq, checkpoint=f"async-{seq:06d}",
                         options_round=version, seq=seq, version=version)
+    if validated is not None:
+        validated()
     published = publish(ctx, async_update(seq), result.state, state, seq=seq, base_version=version,
                         n_samples=result.n_samples, base_sha256=manifest["sha256"], metrics=result.metrics,
                         ran_as=ctx.ran_as)

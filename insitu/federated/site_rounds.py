@@ -1,5 +1,5 @@
-"""A site's side of the synchronous round protocol, as plain code: wait for each global model, validate it,
-train from it, until the last round, an early stop or an abort.
+"""A site's side of the synchronous round protocol, as plain code: wait for each global model, validate it
+while training from it, until the last round, an early stop or an abort.
 
 The counterpart of the coordinator's :func:`insitu.federated.coordinator.run_rounds`. The Prefect layer passes
 in what a round does on this site (its tasks: train and publish an update, score a global model on the
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from insitu.federated.exchange import Exchange
 from insitu.federated.kinds import COORDINATOR, ExchangeError
@@ -30,6 +30,34 @@ Logger = logging.Logger | logging.LoggerAdapter
 SITE_WAIT_MARGIN_S = 300.0
 
 
+class Pending(Protocol):
+    """A validation under way (a ``concurrent.futures.Future``, a Prefect future): ``result()`` waits for it and
+    raises what it raised."""
+
+    def result(self) -> object: ...
+
+
+class ValidationFailed(RuntimeError):
+    """A round's validation failed (after its own retries): the site publishes no update without it, and training
+    the round again would not mend it."""
+
+
+def validated_first(pending: Pending | None, site: str, rnd: int) -> Callable[[], None]:
+    """What a round's training calls before it publishes its update: wait for the round's validation (None: done
+    already, or none to make), so that a validation is on the exchange before its update. Calling it again after
+    it returned costs nothing."""
+
+    def wait() -> None:
+        if pending is None:
+            return
+        try:
+            pending.result()
+        except Exception as e:
+            raise ValidationFailed(f"site {site}: the validation of global model {rnd} failed: {e}") from e
+
+    return wait
+
+
 def site_wait_timeout_s(round_deadline_s: float) -> float:
     """How long a site waits for the next global model: twice the coordinator's round deadline, plus a margin."""
     return 2 * round_deadline_s + SITE_WAIT_MARGIN_S
@@ -39,18 +67,20 @@ def run_site_rounds(
     exchange: Exchange,
     rounds: int,
     *,
-    train: Callable[[int], object],
-    validate: Callable[[int], object] | None,
+    train: Callable[[int, Callable[[], None]], object],
+    validate: Callable[[int], Pending | None] | None,
     wait_timeout_s: float,
     logger: Logger = log,
 ) -> int:
     """Every round of a synchronous job on this site (``exchange`` is the site's own: its writer is the site).
 
-    Round ``r``: wait for global model ``r``, ``validate(r)`` it (the model trained from), then ``train(r)``
-    (train from it and publish update ``r``); the last global model (``rounds``) is only validated. The
-    coordinator combines the validations into its early-stopping and selection decisions. ``validate`` is None
-    when the site has no validation rows. Returns the number of rounds this site took part in (resumed ones
-    included).
+    Round ``r``: wait for global model ``r``; ``validate(r)`` starts scoring it (the model trained from) and may
+    return at once with what is :class:`Pending`; ``train(r, validated)`` trains from it meanwhile and calls
+    ``validated()`` (:func:`validated_first`) before it publishes update ``r``. The coordinator reads a round's
+    validations right after aggregating the round's updates, so each must be on the exchange before its update;
+    a validation cost the round its seconds on the critical path when it ran before training. The last global
+    model (``rounds``) is only validated. ``validate`` is None when the site has no validation rows. Returns the
+    number of rounds this site took part in (resumed ones included).
 
     Stops early, after logging why, when the coordinator wrote the abort marker (the job failed) or the stop
     marker (training ended early).
@@ -59,6 +89,8 @@ def run_site_rounds(
     ------
     TimeoutError
         When no global model, abort or stop marker appeared within ``wait_timeout_s`` of waiting for one.
+    ValidationFailed
+        When a validation failed: its round's update is not published.
     """
     site, job_id = exchange.writer, exchange.job_id
     done = 0
@@ -75,14 +107,16 @@ def run_site_rounds(
             reason = exchange.get_json(STOP, writer=COORDINATOR).get("reason")
             logger.info("coordinator stopped job %s early after %d rounds here: %s", job_id, done, reason)
             break
-        if validate is not None and not exchange.exists(validation(rnd)):
-            validate(rnd)
+        pending = validate(rnd) if validate is not None and not exchange.exists(validation(rnd)) else None
+        validated = validated_first(pending, site, rnd)
         if rnd == rounds:
+            validated()
             break
         if exchange.exists(update(rnd).manifest):
             logger.info("round %d already published by this site (resumed run); skipping", rnd)
         else:
-            train(rnd)
+            train(rnd, validated)
+        validated()  # published before this site waits for the next global model, whatever train did
         done += 1
     return done
 

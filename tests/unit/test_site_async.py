@@ -59,7 +59,8 @@ class Site:
         self.trained: list[tuple[int, int]] = []
         self.validated: list[int] = []
 
-    def train(self, seq: int, version: int) -> None:
+    def train(self, seq: int, version: int, validated: Callable[[], None]) -> None:
+        validated()
         self.trained.append((seq, version))
         assert len(self.trained) <= 5, f"the site kept training: {self.trained}"  # a broken loop fails, not hangs
         self.ex.publish_async_update(seq, version)

@@ -4,7 +4,8 @@ the coordinator's side is played by the fake tasks."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 
 import pytest
 from in_memory_exchange import Exchanges
@@ -28,8 +29,9 @@ class Site:
         self.calls: list[tuple[str, int]] = []
         self.after_round = after_round or {}
 
-    def train(self, rnd: int) -> None:
+    def train(self, rnd: int, validated: Callable[[], None]) -> None:
         self.calls.append(("train", rnd))
+        validated()
         self.ex.publish_update(rnd)
         answer = self.after_round.get(rnd, "next")
         if answer == "abort":
@@ -111,7 +113,7 @@ def test_no_global_model_in_time_is_a_timeout_naming_the_round(exchanges: Exchan
     exchanges.publish_global(0)
     trained: list[int] = []  # the coordinator never answers round 0's update
     with pytest.raises(TimeoutError, match=r"site eu: no global weights for round-0001 after 0s"):
-        run_site_rounds(exchanges.site, 3, train=trained.append, validate=None, wait_timeout_s=0.01)
+        run_site_rounds(exchanges.site, 3, train=lambda rnd, _: trained.append(rnd), validate=None, wait_timeout_s=0.01)
     assert trained == [0]
 
 
@@ -157,3 +159,52 @@ def test_a_run_dispatched_nothing_times_out_naming_the_phase_and_an_aborted_job_
         wait_for_dispatch(exchanges.site, "evaluate", None, timeout_s=5)
     exchanges.coordinator.put_abort("QuorumError: round 2: quorum not met")
     assert wait_for_dispatch(exchanges.site, "evaluate", THIS_RUN, timeout_s=5) is None
+
+
+def test_a_round_trains_while_its_validation_runs_and_publishes_its_update_after_it(exchanges: Exchanges) -> None:
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from insitu.federated.paths import validation
+
+    exchanges.publish_global(0)
+    site = Site(exchanges)
+    training = {rnd: threading.Event() for rnd in range(2)}
+    seen: list[tuple[int, bool]] = []
+
+    def validate(rnd: int) -> Future[None]:
+        def score() -> None:  # holds its round's validation until that round is training
+            if rnd in training:
+                assert training[rnd].wait(5), f"round {rnd} did not train while its validation ran"
+            site.validate(rnd)
+        return pool.submit(score)
+
+    def train(rnd: int, validated: Callable[[], None]) -> None:
+        training[rnd].set()
+        validated()
+        seen.append((rnd, exchanges.site.exists(validation(rnd))))
+        site.train(rnd, validated)
+
+    with ThreadPoolExecutor(1) as pool:
+        assert run_site_rounds(exchanges.site, 2, train=train, validate=validate, wait_timeout_s=5) == 2
+    assert seen == [(0, True), (1, True)]  # each update published after its round's validation
+    assert exchanges.site.exists(validation(2))  # the last global model's, waited for before the loop ended
+
+
+def test_a_failed_validation_publishes_no_update_and_says_which_round(exchanges: Exchanges) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from insitu.federated.paths import update
+    from insitu.federated.site_rounds import ValidationFailed
+
+    exchanges.publish_global(0)
+    site = Site(exchanges)
+
+    def broken() -> None:
+        raise OSError("the site's store went away")
+
+    with ThreadPoolExecutor(1) as pool, pytest.raises(ValidationFailed, match="validation of global model 0 failed: "
+                                                                              "the site's store went away"):
+        run_site_rounds(exchanges.site, 2, train=site.train, validate=lambda r: pool.submit(broken),
+                        wait_timeout_s=5)
+    assert site.calls == [("train", 0)] and not exchanges.site.exists(update(0).manifest)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from insitu.federated.exchange import Exchange
 from insitu.federated.kinds import COORDINATOR
 from insitu.federated.paths import ABORT, ASYNC_STATE, NEWEST, async_update, refresh, validation
+from insitu.federated.site_rounds import Pending, validated_first
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,8 @@ def run_site_updates(
     exchange: Exchange,
     limit: int,
     *,
-    train: Callable[[int, int], object],
-    validate: Callable[[int], object] | None,
+    train: Callable[[int, int, Callable[[], None]], object],
+    validate: Callable[[int], Pending | None] | None,
     wait_timeout_s: float,
     logger: Logger = log,
     poll_s: float = 0.3,
@@ -46,11 +47,14 @@ def run_site_updates(
 ) -> int:
     """This site's updates of an async job (``exchange`` is the site's own: its writer is the site).
 
-    ``train(seq, version)`` trains the site's update ``seq`` from global version ``version`` and publishes it;
-    ``validate(version)`` scores a version on the validation split and publishes the metrics (None: the site
-    has no validation rows). Every version the site pulls is validated once, the final one always, so the final
-    model's evaluation and gate work as in sync mode. ``poll_s``, ``clock`` and ``sleep`` pace the wait for
-    each decision. Returns the number of updates pushed by this run.
+    ``train(seq, version, validated)`` trains the site's update ``seq`` from global version ``version`` and
+    publishes it; ``validate(version)`` scores a version on the validation split and publishes the metrics (None:
+    the site has no validation rows), and may return at once with what is
+    :class:`~insitu.federated.site_rounds.Pending`, as in sync mode: training waits for it (``validated()``)
+    before it publishes. Every version the site pulls is
+    validated once, the final one always, so the final model's evaluation and gate work as in sync mode.
+    ``poll_s``, ``clock`` and ``sleep`` pace the wait for each decision. Returns the number of updates pushed by
+    this run.
 
     Raises
     ------
@@ -72,18 +76,21 @@ def run_site_updates(
             break
         newest = exchange.get_json(NEWEST, writer=COORDINATOR)
         version = newest["version"]
-        if validate is not None and not exchange.exists(validation(version)):
-            validate(version)
+        pending = validate(version) if validate is not None and not exchange.exists(validation(version)) else None
+        validated = validated_first(pending, site, version)
         if version >= newest["target"]:
+            validated()
             logger.info("version %d reached: site %s stops after %d update(s)", version, site, pushed)
             break
         refusals_seen = note_refusal(exchange, refusals_seen, logger)
         if seq >= limit:  # the protocol's bound: wait for the target version (and validate it), push no more
+            validated()
             logger.warning("site %s pushed its %d updates (the limit of this job); waiting for the final version",
                            site, limit)
             exchange.wait_for_any([(ABORT, COORDINATOR)], timeout=AT_LIMIT_POLL_S)
             continue
-        train(seq, version)
+        train(seq, version, validated)
+        validated()
         seq, pushed = seq + 1, pushed + 1
     return pushed
 
