@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,3 +108,22 @@ def test_launch_runs_one_rank_per_worker_with_a_real_process_group(cluster: str)
 def test_launch_refuses_more_ranks_than_workers(cluster: str) -> None:
     with pytest.raises(LaunchError, match="3 ranks need 3 Dask workers .* has 2"):
         launch_on_dask(cluster, _echo, 3, 0, worker_wait_s=1)
+
+
+def _gloo_threads() -> int:
+    """gloo's transport threads in this process (one per live gloo device)."""
+    return sum(Path(p).read_text().strip() == "gloo_tcp_loop" for p in glob.glob("/proc/self/task/*/comm"))
+
+
+def test_a_finished_rank_leaves_no_process_group_running_in_its_worker(cluster: str, spec: TrainSpec) -> None:
+    """Without the collection after each rank, every round left a gloo thread running in each idle worker (seen
+    with a client connected throughout, as the site's flow run is)."""
+    from distributed import Client
+
+    spec.training = spec.training.model_copy(update={"local_epochs": 1})  # few allocations: no collection meanwhile
+    with Client(cluster) as c:
+        left = []
+        for _ in range(3):
+            train_site(spec, cluster)
+            left.append(c.run(_gloo_threads))
+    assert all(len(n) == WORLD and not any(n.values()) for n in left), left
