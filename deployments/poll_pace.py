@@ -1,12 +1,13 @@
 """When a worker asks the Prefect API for scheduled runs: every ``PREFECT_WORKER_QUERY_SECONDS`` for a while after
-one of its runs was submitted, started or ended, less often otherwise.
+one of its pool's runs was scheduled, submitted, started or ended, seldom otherwise.
 
 Four workers asking every second were two thirds of the idle platform's Prefect server and PostgreSQL load
 (about 10% of a core of the server's alone, measured by stopping the workers; bench/pipeline_overhead.py measures
-the whole platform). A run that is going does not keep its worker asking every second: a site's one run does every
-phase of its job (the coordinator dispatches them to it), so what comes next for the pool is a phase's run of its
-own after that run ended, and an end makes the worker active again. A job's next run then starts within a second;
-the first run of a job on an idle pool waits at most :data:`IDLE_POLL_S`.
+the whole platform); asking every 3 s, still a third. A worker hears of a run scheduled in its pool from the
+server's event stream (deployments/pool_events.py) and turns active at once, so its idle poll is only the safety
+net for an event missed (the stream reconnecting): once per :data:`IDLE_POLL_S`. A run that is going does not
+keep its worker asking every second: a site's one run does every phase of its job (the coordinator dispatches
+them to it), so what comes next for the pool is a run of its own, whose scheduling is an event.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-IDLE_POLL_S = 3.0  # how often an idle worker asks
+IDLE_POLL_S = 15.0  # how often an idle worker asks (a missed event's run waits at most this)
 ACTIVE_WINDOW_S = 30.0  # how long after a run was submitted, started or ended a worker asks every query interval
 
 

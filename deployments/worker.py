@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import tempfile
@@ -44,6 +45,7 @@ from prefect.workers.process import ProcessJobConfiguration, ProcessWorker, Proc
 
 from deployments import worker_policy as policy
 from deployments.poll_pace import PollPace
+from deployments.pool_events import wake_on_pool_events
 from deployments.warm_start import ForkServerStarter, preload
 from insitu.governance.identity import Identity, load_identity
 
@@ -99,9 +101,29 @@ class InsituWorker(ProcessWorker):
         self.warm = warm  # fork each run from the fork server (see deployments/warm_start.py)
         self._locked_template = policy.locked_base_job_template()
         self.pace = PollPace()
+        self._pool_events: asyncio.Task[None] | None = None
+
+    async def setup(self) -> None:
+        await super().setup()
+        self._pool_events = asyncio.create_task(self._wake_on_pool_events())
+
+    async def teardown(self, *exc_info: Any) -> None:
+        if self._pool_events is not None:
+            self._pool_events.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pool_events
+        await super().teardown(*exc_info)
+
+    async def _wake_on_pool_events(self) -> None:
+        """A flow-run event of this pool (a run scheduled there) makes the poll active at once (see
+        deployments/pool_events.py); the pool's id is known once the worker synced with the API."""
+        while self._work_pool is None:
+            await asyncio.sleep(1.0)
+        await wake_on_pool_events(self._work_pool.id, self.pace.active)
 
     async def get_and_submit_flow_runs(self) -> list[FlowRun]:
-        """Prefect's poll, asked every tick while this pool is busy and once per ``IDLE_POLL_S`` while it idles."""
+        """Prefect's poll, asked every tick while this pool is busy (a run of it was scheduled, submitted, started
+        or ended lately) and once per ``IDLE_POLL_S`` while it idles."""
         if not self.pace.due():
             self._last_polled_time = datetime.now(UTC)  # the loop is alive: Prefect's healthcheck reads this
             return []

@@ -115,9 +115,10 @@ class Store:
     def full_url(self, relative: str) -> str:
         return self.url.rstrip("/") + "/" + relative.lstrip("/")
 
-    def write_bytes(self, relative: str, data: bytes) -> None:
-        """Write one object (creating its folder on stores that have folders; object stores have none)."""
-        fs, path = self.fs, self.path(relative)
+    def write_bytes(self, relative: str, data: bytes, fs: OutageTolerantFileSystem | None = None) -> None:
+        """Write one object (creating its folder on stores that have folders; object stores have none), through
+        ``fs`` when given (a client kept for many calls, e.g. the exchange's), else a filesystem of its own."""
+        fs, path = fs or self.fs, self.path(relative)
         if self.url.startswith("file://"):
             fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         fs.pipe_file(path, data)  # one PUT: a retry after an outage writes the whole object again
