@@ -9,10 +9,11 @@ With FedAsync every accepted update is one global version, so the median update 
 version beyond compute (issue #22's target: 1 s).
 
 The parts of a cycle, on the site's path: ``notice_s`` (the previous decision to this update's train or
-validation task starting: the site's poll, pulling the newest pointer), ``validate_s`` (scoring a version it had
-not validated yet), ``validate_to_train_s``, and ``decided_s`` (the train task's end to the coordinator's decision
-task ending: its poll noticing the update, reading, checking and applying it, publishing the version; an update
-that waited behind another site's decision waits here too).
+validation task starting, whichever first: the site's poll, pulling the newest pointer), ``validate_s`` (scoring
+a version it had not validated yet, in a thread beside the training: a negative ``validate_to_train_s`` is that
+overlap), and ``decided_s`` (the train task's end to the coordinator's decision task ending: its poll noticing the
+update, reading, checking and applying it, publishing the version; an update that waited behind another site's
+decision waits here too).
 
 Used by ``bench/pipeline_overhead.py --mode async``; pure functions of the job's task runs.
 """
@@ -42,8 +43,9 @@ def update_cycles(start: dict[str, datetime], end: dict[str, datetime], phase_st
             if decided is None:  # the job reached its target before this update was decided
                 break
             validate = f"validate-{site}-round-{version}"
-            own = validate in start and previous <= start[validate] <= start[name]  # validated in this cycle
-            first = start[validate] if own else start[name]
+            # validated in this cycle (submitted before the training, its task may start a moment after it)
+            own = validate in start and validate in end and previous <= start[validate] <= end[name]
+            first = min(start[validate], start[name]) if own else start[name]
             train_s = (end[name] - start[name]).total_seconds()
             cycle_s = (decided - previous).total_seconds()
             rows.append({"site": site, "seq": seq, "from_version": version, "train_task_s": round(train_s, 2),

@@ -12,25 +12,30 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
+
+if TYPE_CHECKING:
+    from prefect.events.filters import EventFilter
 
 log = logging.getLogger(__name__)
 
 RETRY_S = 5.0  # after the stream failed, its next subscription
 
 
-def flow_run_events() -> object:
-    """Flow-run events (any state: a run scheduled, pending, cancelling, …). The server's stream filters by
-    event name, not by related resource (its related filter is a database query only), so the pool is checked
-    here (:func:`of_pool`)."""
-    from prefect.events.filters import EventFilter, EventNameFilter
+def pool_events(pool_id: UUID) -> EventFilter:
+    """Flow-run events (any state: a run scheduled, pending, cancelling, …) that name the pool ``pool_id``, as
+    Prefect's own worker filters the stream for its cancellations (``any_resource``: the stream applies it;
+    its ``related`` filter is a database query only)."""
+    from prefect.events.filters import EventAnyResourceFilter, EventFilter, EventNameFilter
 
-    return EventFilter(event=EventNameFilter(prefix=["prefect.flow-run."]))
+    return EventFilter(event=EventNameFilter(prefix=["prefect.flow-run."]),
+                       any_resource=EventAnyResourceFilter(id=[f"prefect.work-pool.{pool_id}"]))
 
 
 def of_pool(event: Any, pool_id: UUID) -> bool:
-    """Whether ``event`` names the work pool ``pool_id`` among its related resources."""
+    """Whether ``event`` names the work pool ``pool_id`` among its related resources (checked again on receipt:
+    the stream is another process's filter)."""
     wanted = f"prefect.work-pool.{pool_id}"
     return any(r.id == wanted and r.role == "work-pool" for r in event.related)
 
@@ -45,7 +50,7 @@ async def wake_on_pool_events(pool_id: UUID, wake: Callable[[], None], retry_s: 
 
     while True:
         try:
-            async with get_events_subscriber(filter=flow_run_events()) as events:  # type: ignore[arg-type]
+            async with get_events_subscriber(filter=pool_events(pool_id)) as events:
                 log.info("listening for flow-run events of work pool %s", pool_id)
                 async for event in events:
                     if of_pool(event, pool_id):

@@ -170,10 +170,12 @@ def store_from_env(ref: StorageRef, owner: str, env: dict[str, str] | None = Non
             f"this process does not hold the credentials of {owner}'s store {ref.storage}: "
             f"{', '.join(missing)} not set (only {owner}'s own workers are given them)"
         )
-    # A filesystem (and so a client and its connection pool) per call: a process's one cached client hung a site's
-    # run for good after its border was cut for a minute (tests/e2e/test_wan_border.py; aiobotocore waits for a
-    # free pooled connection without a timeout), and listings are never stale. The costly part of a new client,
-    # botocore's parsed models, is shared through the process's one session (Store.fs).
+    # A filesystem (and so a client and its connection pool) per Store.fs access: a process's one cached client,
+    # shared by every store and thread, hung a site's run for good after its border was cut for a minute
+    # (tests/e2e/test_wan_border.py; aiobotocore waits for a free pooled connection without a timeout), and
+    # listings are never stale. The costly part of a new client, botocore's parsed models, is shared through the
+    # process's one session (Store.fs). An object that makes many calls keeps the filesystem it opened: the
+    # exchange (its reads and, since 92a3d5a, its writes) and the checkpointer.
     opts: dict[str, Any] = {"skip_instance_cache": True}
     outage_s = ref.outage_s
     if ref.key_env:

@@ -54,13 +54,14 @@ def test_an_async_update_cycle_runs_from_its_sites_last_decision_to_its_own() ->
     def at(s: float) -> datetime:
         return t0 + timedelta(seconds=s)
 
-    # eu: update 0 from version 0 (validating it first), update 1 from version 2 (validated again), update 2 never
-    # decided (the job reached its target); us: update 0 from version 0, which eu had validated, not us
+    # eu: update 0 from version 0 (validating it first), update 1 from version 2 (its validation's task starting
+    # just after the training's, beside it), update 2 never decided (the job reached its target); us: update 0
+    # from version 0, which eu had validated, not us
     start = {"validate-eu-round-0": at(1.0), "train-eu-async-0-from-v0": at(2.0),
-             "train-eu-async-1-from-v2": at(11.0), "validate-eu-round-2": at(10.0),
+             "train-eu-async-1-from-v2": at(10.0), "validate-eu-round-2": at(10.25),
              "train-eu-async-2-from-v3": at(20.0), "train-us-async-0-from-v0": at(0.5)}
     end = {"validate-eu-round-0": at(1.5), "train-eu-async-0-from-v0": at(6.0), "async-update-eu-0": at(9.0),
-           "train-eu-async-1-from-v2": at(15.0), "validate-eu-round-2": at(10.75), "async-update-eu-1": at(16.0),
+           "train-eu-async-1-from-v2": at(14.0), "validate-eu-round-2": at(11.0), "async-update-eu-1": at(16.0),
            "train-eu-async-2-from-v3": at(24.0), "train-us-async-0-from-v0": at(4.5), "async-update-us-0": at(5.0)}
     rows = update_cycles(start, end, t0)
     assert [(r["site"], r["seq"]) for r in rows] == [("eu", 0), ("eu", 1), ("us", 0)]
@@ -68,7 +69,7 @@ def test_an_async_update_cycle_runs_from_its_sites_last_decision_to_its_own() ->
                        "overhead_s": 5.0, "notice_s": 1.0, "validate_s": 0.5, "validate_to_train_s": 0.5,
                        "decided_s": 3.0}
     assert rows[1]["cycle_s"] == 7.0 and rows[1]["overhead_s"] == 3.0 and rows[1]["notice_s"] == 1.0
-    assert rows[1]["validate_s"] == 0.75 and rows[1]["decided_s"] == 1.0
+    assert rows[1]["validate_s"] == 0.75 and rows[1]["validate_to_train_s"] == -1.0 and rows[1]["decided_s"] == 2.0
     assert rows[2]["notice_s"] == 0.5 and rows[2]["validate_s"] == 0.0 and rows[2]["overhead_s"] == 1.0
     assert summarise(rows)["median_overhead_s"] == 3.0 and summarise(rows)["updates"] == 3
     assert summarise([]) == {"updates": 0}

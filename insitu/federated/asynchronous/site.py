@@ -60,6 +60,8 @@ def run_site_updates(
     ------
     TimeoutError
         When neither a global version nor the abort marker appeared within ``wait_timeout_s``.
+    ValidationFailed
+        When a validation failed: the update trained meanwhile is not published.
     """
     site, job_id = exchange.writer, exchange.job_id
     seq = next_async_seq(exchange)  # a re-run of the job continues this site's numbering
