@@ -40,8 +40,10 @@ def of_pool(event: Any, pool_id: UUID) -> bool:
     return any(r.id == wanted and r.role == "work-pool" for r in event.related)
 
 
-async def wake_on_pool_events(pool_id: UUID, wake: Callable[[], None], retry_s: float = RETRY_S) -> None:
-    """Call ``wake()`` on each flow-run event of the pool ``pool_id``, until cancelled.
+async def wake_on_pool_events(pool_id: UUID, wake: Callable[[], None], retry_s: float = RETRY_S,
+                              listening: Callable[[], None] | None = None) -> None:
+    """Call ``wake()`` on each flow-run event of the pool ``pool_id``, until cancelled (``listening()`` each time
+    the stream is subscribed).
 
     The stream is subscribed again after it failed (the server restarted, the connection dropped): meanwhile the
     worker's own idle poll still finds its runs, only later.
@@ -52,6 +54,8 @@ async def wake_on_pool_events(pool_id: UUID, wake: Callable[[], None], retry_s: 
         try:
             async with get_events_subscriber(filter=pool_events(pool_id)) as events:
                 log.info("listening for flow-run events of work pool %s", pool_id)
+                if listening is not None:
+                    listening()
                 async for event in events:
                     if of_pool(event, pool_id):
                         log.debug("%s: %s", event.event, event.resource.id)

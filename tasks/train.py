@@ -36,12 +36,10 @@ def train_round(ctx: SiteContext, rnd: int, norm: dict[str, Any],
     # own store, named like the round's objects on the exchange).
     result = train_from(ctx, state, norm, seed=t.seed * 1000 + rnd, checkpoint=round_name(rnd), options_round=rnd,
                         round=rnd)
-    if validated is not None:
-        validated()
     # Checked here against the global weights it was trained from (names, shapes, dtypes, finite, norm bound),
     # so that a bad update fails on its own site with the reason, before anything crosses; the coordinator
     # checks it again when it reads it.
-    published = publish(ctx, update(rnd), result.state, state, round=rnd, n_samples=result.n_samples,
+    published = publish(ctx, update(rnd), result.state, state, validated, round=rnd, n_samples=result.n_samples,
                         base_sha256=manifest["sha256"], metrics=result.metrics, ran_as=ctx.ran_as)
     _log_trained(ctx, f"round={rnd}", result, published)
     return published
@@ -59,9 +57,7 @@ def train_async_update(ctx: SiteContext, seq: int, version: int, norm: dict[str,
     # resumes its own checkpoint, and two updates from the same version do not train on the same shuffle.
     result = train_from(ctx, state, norm, seed=t.seed * 1000 + 500 + seq, checkpoint=f"async-{seq:06d}",
                         options_round=version, seq=seq, version=version)
-    if validated is not None:
-        validated()
-    published = publish(ctx, async_update(seq), result.state, state, seq=seq, base_version=version,
+    published = publish(ctx, async_update(seq), result.state, state, validated, seq=seq, base_version=version,
                         n_samples=result.n_samples, base_sha256=manifest["sha256"], metrics=result.metrics,
                         ran_as=ctx.ran_as)
     _log_trained(ctx, f"async update={seq} from version={version}", result, published)
@@ -69,12 +65,16 @@ def train_async_update(ctx: SiteContext, seq: int, version: int, norm: dict[str,
 
 
 def publish(ctx: SiteContext, target: State, trained: dict[str, Any], reference: dict[str, Any],
-            **meta: Any) -> dict[str, Any]:
-    """Put this site's update on the exchange, encoded as the job's ``federation.compression`` says.
+            validated: Callable[[], None] | None = None, **meta: Any) -> dict[str, Any]:
+    """Put this site's update on the exchange, encoded as the job's ``federation.compression`` says, once
+    ``validated()`` returned (the validation of the model it trained from goes first: see
+    :func:`insitu.federated.site_rounds.validated_first`).
 
     A lossy encoding's residual (what it left out) stays in the site's own store, and is added to the next
     update (error feedback): it is saved only once the update it belongs to is published.
     """
+    if validated is not None:
+        validated()
     encoding = ctx.conf.encoding
     if encoding is None:
         return ctx.exchange.put_state(target, trained, reference=reference, **meta)

@@ -58,6 +58,14 @@ def validated_first(pending: Pending | None, site: str, rnd: int) -> Callable[[]
     return wait
 
 
+def start_validation(exchange: Exchange, validate: Callable[[int], Pending | None] | None,
+                     number: int) -> Callable[[], None]:
+    """Start validating global model ``number`` unless there is nothing to do (no validation rows, or published by
+    an earlier run of the job); returns what waits for it (:func:`validated_first`)."""
+    pending = validate(number) if validate is not None and not exchange.exists(validation(number)) else None
+    return validated_first(pending, exchange.writer, number)
+
+
 def site_wait_timeout_s(round_deadline_s: float) -> float:
     """How long a site waits for the next global model: twice the coordinator's round deadline, plus a margin."""
     return 2 * round_deadline_s + SITE_WAIT_MARGIN_S
@@ -107,8 +115,7 @@ def run_site_rounds(
             reason = exchange.get_json(STOP, writer=COORDINATOR).get("reason")
             logger.info("coordinator stopped job %s early after %d rounds here: %s", job_id, done, reason)
             break
-        pending = validate(rnd) if validate is not None and not exchange.exists(validation(rnd)) else None
-        validated = validated_first(pending, site, rnd)
+        validated = start_validation(exchange, validate, rnd)
         if rnd == rounds:
             validated()
             break

@@ -33,9 +33,12 @@ def test_a_run_scheduled_in_the_pool_wakes_its_worker_and_another_pools_does_not
             ours = await c.create_work_pool(WorkPoolCreate(name="insitu-eu", type="process"))
             await c.create_work_pool(WorkPoolCreate(name="insitu-us", type="process"))
         woken: list[str] = []
-        listener = asyncio.create_task(wake_on_pool_events(ours.id, lambda: woken.append("eu")))
+        subscribed = asyncio.Event()
+        listener = asyncio.create_task(wake_on_pool_events(ours.id, lambda: woken.append("eu"),
+                                                           listening=subscribed.set))
         try:
-            await asyncio.sleep(3)  # subscribed
+            # the other pool's run is scheduled only once the stream is up: its silence means something
+            await asyncio.wait_for(subscribed.wait(), 60)
             await _scheduled_run("insitu-us")
             await asyncio.sleep(5)
             before = list(woken)

@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 from insitu.federated.exchange import Exchange
 from insitu.federated.kinds import COORDINATOR
-from insitu.federated.paths import ABORT, ASYNC_STATE, NEWEST, async_update, refresh, validation
-from insitu.federated.site_rounds import Pending, validated_first
+from insitu.federated.paths import ABORT, ASYNC_STATE, NEWEST, async_update, refresh
+from insitu.federated.site_rounds import Pending, start_validation
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,7 @@ def run_site_updates(
             break
         newest = exchange.get_json(NEWEST, writer=COORDINATOR)
         version = newest["version"]
-        pending = validate(version) if validate is not None and not exchange.exists(validation(version)) else None
-        validated = validated_first(pending, site, version)
+        validated = start_validation(exchange, validate, version)
         if version >= newest["target"]:
             validated()
             logger.info("version %d reached: site %s stops after %d update(s)", version, site, pushed)
